@@ -1,0 +1,109 @@
+"""The `rollout-bench` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import __version__
+from .paths import DEFAULT_TRACE, SHIPPED_TRACES, resolve_trace, shipped_trace
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from .synth import synthesize
+
+    print(f"synth: kind={args.kind} n={args.n} seed={args.seed}", file=sys.stderr)
+    path = synthesize(args.kind, args.n, args.seed, args.out, group_size=args.group_size,
+                      context_length=args.context_length, created=args.created, show_progress=True)
+    print(f"wrote {args.n} {args.kind} trajectories to {path} (seed {args.seed})")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from .trace import validate_trace
+
+    failed = False
+    for spec in args.files:
+        count = 0
+        for problem in validate_trace(resolve_trace(spec)):
+            print(problem)
+            count += 1
+        failed = failed or count > 0
+        print(f"{spec}: {count} problem{'s' if count != 1 else ''}" if count else f"{spec}: valid", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .trace_stats import format_summary, write_trace_report
+
+    path = resolve_trace(args.trace)
+    out = Path(args.out) if args.out else Path("reports") / f"inspect-{path.name.split('.')[0]}"
+    summary = write_trace_report(path, out, show_progress=True)
+    print(format_summary(summary))
+    print(f"report: {out.resolve()}")
+    return 0
+
+
+def _cmd_tokenizer(args: argparse.Namespace) -> int:
+    from .tokenizer import tokenizer_path
+
+    print(tokenizer_path())
+    return 0
+
+
+def _cmd_traces(args: argparse.Namespace) -> int:
+    for name, (_, kind, n, seed) in sorted(SHIPPED_TRACES.items()):
+        print(f"{name:<14} {kind:<8} n={n:<5} seed={seed:<3} {shipped_trace(name)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .synth import DEFAULT_CREATED, KINDS
+
+    parser = argparse.ArgumentParser(prog="rollout-bench", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rollout-bench {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    synth = sub.add_parser("synth", help="write a seeded synthetic trace")
+    synth.add_argument("--kind", required=True, choices=sorted(KINDS),
+                       help="; ".join(f"{name}: {kind.description}" for name, kind in sorted(KINDS.items())))
+    synth.add_argument("--n", type=int, required=True, help="number of trajectories")
+    synth.add_argument("--seed", type=int, required=True)
+    synth.add_argument("--out", required=True, help="output file (.jsonl or .jsonl.gz)")
+    synth.add_argument("--group-size", type=int, default=None, help="trajectories per prompt (default per kind)")
+    synth.add_argument("--context-length", type=int, default=None, help="context budget in tokens (default per kind)")
+    synth.add_argument("--created", default=DEFAULT_CREATED, help="creation time written to the header")
+    synth.set_defaults(run=_cmd_synth)
+
+    validate = sub.add_parser("validate", help="check whole traces; prints FILE:LINE: field: message")
+    validate.add_argument("files", nargs="+", metavar="FILE", help="trace file or shipped trace name")
+    validate.set_defaults(run=_cmd_validate)
+
+    inspect = sub.add_parser("inspect", help="tables and summary of a trace")
+    inspect.add_argument("trace", nargs="?", default=DEFAULT_TRACE,
+                         help=f"trace file or shipped trace name (default {DEFAULT_TRACE})")
+    inspect.add_argument("--out", help="report folder (default reports/inspect-<trace>)")
+    inspect.set_defaults(run=_cmd_inspect)
+
+    sub.add_parser("tokenizer", help="print the shipped tokenizer folder").set_defaults(run=_cmd_tokenizer)
+    sub.add_parser("traces", help="list the shipped traces").set_defaults(run=_cmd_traces)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .synth import SynthError
+    from .trace import TraceFormatError
+
+    args = build_parser().parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return command(args)
+    except (TraceFormatError, SynthError, FileNotFoundError, KeyError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"rollout-bench: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rollout-bench: interrupted", file=sys.stderr)
+        return 130
