@@ -29,7 +29,7 @@ class TraceWriter:
         self.path = Path(path)
         self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
         self._header = header
-        self._line = 1
+        self._lines_written = 0
         compress = self.path.suffix == ".gz" if compress is None else compress
         self._raw = open(self._tmp, "wb")
         self._out: IO[bytes] = (
@@ -41,7 +41,7 @@ class TraceWriter:
         self._emit(header)
 
     def write(self, trajectory: Trajectory) -> None:
-        line = self._line + 1
+        line = self._lines_written + 1
         for field, message in check_trajectory(trajectory, self._header):
             raise TraceFormatError(Problem(str(self.path), line, field, message))
         self._emit(trajectory)
@@ -52,7 +52,7 @@ class TraceWriter:
 
     def _emit(self, record: msgspec.Struct) -> None:
         self._out.write(_encoder.encode(record) + b"\n")
-        self._line += 1
+        self._lines_written += 1
 
     def close(self) -> None:
         self._out.close()

@@ -1,0 +1,30 @@
+"""Shared fixtures: small valid traces to break in specific ways."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.synth import synthesize
+
+
+@pytest.fixture(scope="session")
+def small_agentic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An 8-trajectory agentic trace, uncompressed so tests can edit lines."""
+    return synthesize("agentic", 8, 7, tmp_path_factory.mktemp("traces") / "agentic-8.jsonl")
+
+
+@pytest.fixture(scope="session")
+def small_rlvr(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthesize("rlvr", 8, 7, tmp_path_factory.mktemp("traces") / "rlvr-8.jsonl")
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def write_lines(path: Path, records: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records), encoding="utf-8")
+    return path
