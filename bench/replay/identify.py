@@ -1,0 +1,148 @@
+"""Which trajectory, turn and attempt a request is, from what real clients send.
+
+Real rollout code sends no trajectory id: a request is recognised by its token prefix.
+The prompt locates the group (a dictionary lookup on the tokens right after the prefix all
+prompts share), the request length and one `memcmp` per member locate the turn. Members of
+a GRPO group send identical turn-0 requests; those are told apart only by an explicit
+`X-Bench-Trajectory` header or `rid`, else assigned to members in arrival order (first
+unclaimed member, then a member whose last attempt failed). Everything after turn 0 carries
+the member's own outputs and is identified exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from bisect import bisect_right
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .store import INT32, Group, RecordedTrajectory, TraceStore
+
+KEY_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a request was taken to be; `drift` names how it departs from the recording."""
+
+    trajectory: str | None
+    group: str | None
+    turn: int | None
+    attempt: int
+    drift: str | None = None  # None | "context" | "extra_turn" | "unknown_prompt"
+
+    @property
+    def key(self) -> tuple[str | None, int | None]:
+        return self.trajectory, self.turn
+
+
+class PromptIndex:
+    """Finds the groups whose prompt starts a request."""
+
+    def __init__(self, groups: list[Group]) -> None:
+        prompts = [g.prompt for g in groups]
+        common = len(os.path.commonprefix(prompts)) // INT32 * INT32 if prompts else 0
+        shortest = min((len(p) for p in prompts), default=0)
+        self._start = common
+        self._end = common + max(0, min(KEY_TOKENS * INT32, shortest - common))
+        self._by_key: dict[bytes, list[Group]] = defaultdict(list)
+        for group in groups:
+            self._by_key[group.prompt[self._start : self._end]].append(group)
+
+    def groups_for(self, packed: bytes) -> list[Group]:
+        if len(packed) < self._end:
+            candidates = [g for bucket in self._by_key.values() for g in bucket]
+        else:
+            candidates = self._by_key.get(packed[self._start : self._end], [])
+        return [g for g in candidates if packed.startswith(g.prompt)]
+
+
+class Identifier:
+    """Stateful request identification: attempts and group-member claims live here."""
+
+    def __init__(self, store: TraceStore) -> None:
+        self._store = store
+        self._index = PromptIndex(list(store.groups.values()))
+        self._turn_by_len = {t.id: {turn.input_len: i for i, turn in enumerate(t.turns)} for t in store.trajectories}
+        self._attempts: dict[tuple[str | None, int | None], int] = defaultdict(int)
+        self._failed: set[tuple[str, int]] = set()
+        self._unknown_attempts: dict[bytes, int] = defaultdict(int)
+
+    def identify(self, packed: bytes, hint: str | None = None) -> Identity:
+        """Identify a request given its input ids packed as int32 bytes."""
+        if hint is not None:
+            trajectory = self._store.by_id.get(hint) or self._store.by_id.get(hint.split(":", 1)[0])
+            if trajectory is not None:
+                turn = self._exact_turn(trajectory, packed)
+                if turn is not None:
+                    return self._claim(trajectory, turn, None)
+                return self._drifted(trajectory, packed)
+        matches: list[tuple[RecordedTrajectory, int]] = []
+        groups = self._index.groups_for(packed)
+        for group in groups:
+            for member in group.members:
+                turn = self._exact_turn(member, packed)
+                if turn is not None:
+                    matches.append((member, turn))
+        if len(matches) == 1:
+            return self._claim(*matches[0], None)
+        if matches:
+            return self._claim_among(matches)
+        if groups:
+            return self._closest(groups, packed)
+        digest = hashlib.blake2b(packed, digest_size=16).digest()
+        self._unknown_attempts[digest] += 1
+        return Identity(None, None, None, self._unknown_attempts[digest], "unknown_prompt")
+
+    def record_outcome(self, identity: Identity, succeeded: bool) -> None:
+        """Tell the identifier how an attempt ended, so a retry is matched to the failed member."""
+        if identity.trajectory is None or identity.turn is None:
+            return
+        key = (identity.trajectory, identity.turn)
+        if succeeded:
+            self._failed.discard(key)
+        else:
+            self._failed.add(key)
+
+    def _exact_turn(self, trajectory: RecordedTrajectory, packed: bytes) -> int | None:
+        turn = self._turn_by_len[trajectory.id].get(len(packed) // INT32)
+        if turn is not None and trajectory.request_matches(turn, packed):
+            return turn
+        return None
+
+    def _claim(self, trajectory: RecordedTrajectory, turn: int, drift: str | None) -> Identity:
+        self._attempts[(trajectory.id, turn)] += 1
+        return Identity(trajectory.id, trajectory.group_id, turn, self._attempts[(trajectory.id, turn)], drift)
+
+    def _claim_among(self, matches: list[tuple[RecordedTrajectory, int]]) -> Identity:
+        """Identical requests from several members: first unclaimed, then a failed one, then the least tried."""
+        matches.sort(key=lambda m: (m[0].index, m[1]))
+        for member, turn in matches:
+            if self._attempts[(member.id, turn)] == 0:
+                return self._claim(member, turn, None)
+        for member, turn in matches:
+            if (member.id, turn) in self._failed:
+                return self._claim(member, turn, None)
+        member, turn = min(matches, key=lambda m: (self._attempts[(m[0].id, m[1])], m[0].index))
+        return self._claim(member, turn, None)
+
+    def _closest(self, groups: list[Group], packed: bytes) -> Identity:
+        best = max((m for g in groups for m in g.members), key=lambda m: (self._shared(m, packed), -m.index))
+        return self._drifted(best, packed)
+
+    def _drifted(self, trajectory: RecordedTrajectory, packed: bytes) -> Identity:
+        """The client's context left the recording: pick the turn it has reached."""
+        shared = self._shared(trajectory, packed)
+        ends = [t.input_len + len(t.output_ids) for t in trajectory.turns]
+        turn = bisect_right(ends, shared)
+        drift = "extra_turn" if turn >= len(trajectory.turns) else "context"
+        return self._claim(trajectory, turn, drift)
+
+    @staticmethod
+    def _shared(trajectory: RecordedTrajectory, packed: bytes) -> int:
+        """Tokens the request shares with the trajectory's recorded sequence."""
+        best = 0
+        for sequence in trajectory.sequences:
+            best = max(best, len(os.path.commonprefix([sequence, packed])) // INT32)
+        return best

@@ -1,0 +1,127 @@
+"""The trace held in memory for serving: one token sequence per trajectory.
+
+A multi-turn trajectory's requests are successive prefixes of one sequence (prompt,
+turn 0's output, the ids appended before turn 1, turn 1's output, ...), so the store keeps
+that sequence once, as packed int32 bytes, and each turn as offsets into it. Matching a
+request is then a length check and one `memcmp`, and memory stays linear in the trace.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..trace import TraceHeader, Trajectory, open_trace
+
+INT32 = 4
+
+
+def pack(ids: list[int]) -> bytes:
+    """Token ids as packed int32 bytes (what sequences are compared as)."""
+    return array("i", ids).tobytes()
+
+
+@dataclass(frozen=True)
+class RecordedTurn:
+    """One recorded answer and where its request sits in the trajectory's sequence."""
+
+    sequence: int  # index into RecordedTrajectory.sequences
+    input_len: int  # request = sequences[sequence][:input_len]
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    text: str
+    finish_reason: dict[str, Any] | None
+    weight_version: str | None
+    cached_tokens: int
+    ttft: float
+    total: float
+    error_status: int | None
+    error_message: str | None
+
+
+@dataclass
+class RecordedTrajectory:
+    id: str
+    group_id: str
+    index: int  # position in the trace
+    member: int  # position within its group
+    prompt_len: int
+    prompt_messages: list[dict[str, Any]] | None
+    prompt_tools: list[dict[str, Any]] | None
+    sequences: list[bytes]
+    turns: list[RecordedTurn]
+
+    def request_matches(self, turn: int, packed: bytes) -> bool:
+        recorded = self.turns[turn]
+        if len(packed) != recorded.input_len * INT32:
+            return False
+        return memoryview(self.sequences[recorded.sequence])[: len(packed)] == packed
+
+
+@dataclass
+class Group:
+    id: str
+    prompt: bytes  # packed prompt ids, shared by every member
+    members: list[RecordedTrajectory] = field(default_factory=list)
+
+
+def _recorded(trajectory: Trajectory, index: int, member: int) -> RecordedTrajectory:
+    sequences: list[list[int]] = []
+    turns: list[RecordedTurn] = []
+    current: list[int] | None = None
+    for step, ids in zip(trajectory.turns, trajectory.iter_request_input_ids()):
+        if ids is None:
+            ids = []  # sent as text or messages: matched through their tokenization instead
+        if current is None or current[: len(ids)] != ids or len(current) > len(ids):
+            current = list(ids)
+            sequences.append(current)
+        else:
+            current.extend(ids[len(current):])
+        response = step.response
+        turns.append(RecordedTurn(
+            sequence=len(sequences) - 1,
+            input_len=len(ids),
+            output_ids=tuple(response.output_ids),
+            logprobs=None if response.logprobs is None else tuple(response.logprobs),
+            text=response.text,
+            finish_reason=response.finish_reason,
+            weight_version=response.weight_version,
+            cached_tokens=response.cached_tokens,
+            ttft=response.latency.ttft,
+            total=response.latency.total,
+            error_status=response.error.status if response.error else None,
+            error_message=response.error.message if response.error else None,
+        ))
+        current.extend(response.output_ids)
+    return RecordedTrajectory(
+        id=trajectory.id, group_id=trajectory.group_id, index=index, member=member,
+        prompt_len=len(trajectory.prompt.ids), prompt_messages=trajectory.prompt.messages,
+        prompt_tools=trajectory.prompt.tools, sequences=[pack(s) for s in sequences], turns=turns,
+    )
+
+
+@dataclass
+class TraceStore:
+    """Every trajectory of a trace, by id and by group, ready to match requests against."""
+
+    path: Path
+    header: TraceHeader
+    trajectories: list[RecordedTrajectory]
+    by_id: dict[str, RecordedTrajectory]
+    groups: dict[str, Group]
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TraceStore":
+        trajectories: list[RecordedTrajectory] = []
+        groups: dict[str, Group] = {}
+        with open_trace(path) as reader:
+            header = reader.header
+            for index, trajectory in enumerate(reader):
+                group = groups.setdefault(trajectory.group_id,
+                                          Group(trajectory.group_id, pack(trajectory.prompt.ids)))
+                recorded = _recorded(trajectory, index, len(group.members))
+                group.members.append(recorded)
+                trajectories.append(recorded)
+        return cls(Path(path), header, trajectories, {t.id: t for t in trajectories}, groups)

@@ -1,0 +1,122 @@
+"""The bench server: an aiohttp application, startable in-process or in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ..paths import DEFAULT_TRACE, resolve_trace
+from ..replay import TraceStore
+from ..tokenizer import TOKENIZER_NAME, load_tokenizer
+from . import native
+from .admin import add_admin_routes
+from .context import CONTEXT_KEY, ServerConfig, ServerContext
+from .profiles import DEFAULT_PROFILE, get_profile
+from .request_log import RequestLog
+from .router import add_router_routes
+
+
+def create_app(ctx: ServerContext) -> web.Application:
+    app = web.Application(client_max_size=512 * 2**20)
+    app[CONTEXT_KEY] = ctx
+    app.router.add_route("POST", "/generate", native.generate)
+    app.router.add_route("PUT", "/generate", native.generate)
+    add_admin_routes(app)
+    add_router_routes(app)
+    try:
+        from .openai_routes import add_openai_routes
+    except ImportError:  # pragma: no cover - the OpenAI routes module is optional while it lands
+        pass
+    else:
+        add_openai_routes(app)
+    return app
+
+
+def load_context(trace: str | Path = DEFAULT_TRACE, *, sglang_version: str = DEFAULT_PROFILE,
+                 time_scale: float = 0.0, **options: Any) -> ServerContext:
+    """Load a trace and build the server's shared context."""
+    if time_scale < 0:
+        raise ValueError(f"time scale must be >= 0, got {time_scale}")
+    store = TraceStore.load(resolve_trace(str(trace)))
+    if store.header.tokenizer.name != TOKENIZER_NAME:
+        raise ValueError(f"trace {store.path} uses tokenizer {store.header.tokenizer.name!r}; "
+                         f"the server can only adapt traces in {TOKENIZER_NAME!r} for now")
+    config = ServerConfig(profile=get_profile(sglang_version), model=store.header.model,
+                          context_length=store.header.context_length, time_scale=time_scale, **options)
+    return ServerContext(config, store, load_tokenizer())
+
+
+class BenchServer:
+    """The mock server on 127.0.0.1; `async with BenchServer(...) as server: server.url`."""
+
+    def __init__(self, trace: str | Path = DEFAULT_TRACE, *, host: str = "127.0.0.1", port: int = 0,
+                 context: ServerContext | None = None, **options: Any) -> None:
+        self.context = context or load_context(trace, **options)
+        self.host, self.port = host, port
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return self.context.url
+
+    @property
+    def log(self) -> RequestLog:
+        return self.context.log
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(create_app(self.context), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.port = port
+        self.context.url = f"http://{host}:{port}"
+        return self.context.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> "BenchServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+class ServerThread:
+    """A BenchServer on its own event loop in a background thread, for synchronous callers."""
+
+    def __init__(self, trace: str | Path = DEFAULT_TRACE, **options: Any) -> None:
+        self.server = BenchServer(trace, **options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bench-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def context(self) -> ServerContext:
+        return self.server.context
+
+    def call(self, coroutine: Any) -> Any:
+        """Run a coroutine on the server's loop (e.g. to read state consistently)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def __enter__(self) -> "ServerThread":
+        self._thread.start()
+        self.call(self.server.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.call(self.server.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()

@@ -1,0 +1,223 @@
+"""Parsing and validating SGLang `/generate` bodies, with SGLang's own error answers.
+
+Shape errors (wrong JSON types) are FastAPI's remapped 422; value errors are SGLang's
+ValueErrors; unknown sampling keys crash 0.5.15 (500) and fail 0.5.23's schema pre-check.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from ..replay import GenerateParams
+from ..tokenizer import ByteBPETokenizer
+from . import wire
+from .profiles import SglangProfile
+
+SAMPLING_KEYS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "custom_params", "stream_interval", "logit_bias", "sampling_seed",
+)
+_FLOAT_KEYS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+_INT_KEYS = {"max_new_tokens": "u32", "top_k": "i32", "min_new_tokens": "u32", "n": "u32", "stream_interval": "u32",
+             "sampling_seed": "u64"}
+
+
+class Rejected(Exception):
+    """The request is answered with `response` before any generation."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+class ValueRejected(Exception):
+    """A ValueError: a 400 for plain requests, an in-band error event for streams."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass
+class NativeItem:
+    """One generation of a (possibly batched, possibly n>1) `/generate` request."""
+
+    index: int
+    ids: list[int]
+    rid: str
+    sampling: dict[str, Any]
+    params: GenerateParams
+    hint: str | None
+
+
+@dataclass
+class NativeRequest:
+    items: list[NativeItem]
+    batch: bool
+    stream: bool
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    return_text_in_logprobs: bool
+    return_prompt_token_ids: bool
+
+
+def _pydantic_error(kind: str, location: tuple[Any, ...], message: str, value: Any) -> Rejected:
+    detail = [{"type": kind, "loc": ("body", *location), "msg": message, "input": value}]
+    return Rejected(wire.bad_request(repr(detail)))
+
+
+def _expect(value: Any, kinds: tuple[type, ...], location: tuple[Any, ...], name: str) -> None:
+    if value is None or (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)):
+        return
+    code, text = {"list": ("list_type", "Input should be a valid list"),
+                  "dict": ("dict_type", "Input should be a valid dictionary"),
+                  "str": ("string_type", "Input should be a valid string"),
+                  "bool": ("bool_type", "Input should be a valid boolean"),
+                  "int": ("int_type", "Input should be a valid integer")}[name]
+    raise _pydantic_error(code, location, text, value)
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as error:
+        raise _pydantic_error("json_invalid", (0,), "JSON decode error", {}) from error
+    if not isinstance(body, dict):
+        raise _pydantic_error("model_attributes_type", (), "Input should be a valid dictionary or object to "
+                              "extract fields from", body)
+    return body
+
+
+def _check_shapes(body: dict[str, Any]) -> None:
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if isinstance(text, list):
+        for i, t in enumerate(text):
+            _expect(t, (str,), ("text", i), "str")
+    else:
+        _expect(text, (str,), ("text",), "str")
+    _expect(input_ids, (list,), ("input_ids",), "list")
+    for i, entry in enumerate(input_ids or []):
+        if isinstance(entry, list):
+            for j, token in enumerate(entry):
+                _expect(token, (int,), ("input_ids", i, j), "int")
+        else:
+            _expect(entry, (int,), ("input_ids", i), "int")
+    sampling = body.get("sampling_params")
+    if isinstance(sampling, list):
+        for i, s in enumerate(sampling):
+            _expect(s, (dict,), ("sampling_params", i), "dict")
+    else:
+        _expect(sampling, (dict,), ("sampling_params",), "dict")
+    for key in ("stream", "return_text_in_logprobs", "return_prompt_token_ids"):
+        _expect(body.get(key), (bool,), (key,), "bool")
+    _expect(body.get("return_logprob"), (bool, list), ("return_logprob",), "bool")
+    for key in ("logprob_start_len", "top_logprobs_num"):
+        _expect(body.get(key), (int, list), (key,), "int")
+    _expect(body.get("rid"), (str, list), ("rid",), "str")
+
+
+def _check_sampling(sampling: dict[str, Any], profile: SglangProfile) -> None:
+    """SGLang's SamplingParams: unknown keys, types, then value ranges."""
+    for key, value in sampling.items():
+        if key not in SAMPLING_KEYS:
+            if profile.schema_precheck:
+                expected = ", ".join(f"`{k}`" for k in SAMPLING_KEYS)
+                raise Rejected(wire.schema_error(f"unknown field `{key}`, expected one of {expected}"))
+            raise Rejected(wire.internal_error())  # SamplingParams(**params) raises TypeError
+        numeric = key in _FLOAT_KEYS or key in _INT_KEYS
+        if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            if profile.schema_precheck:
+                expected = "f32" if key in _FLOAT_KEYS else _INT_KEYS[key]
+                raise Rejected(wire.schema_error(f"invalid type: {_serde_kind(value)}, expected {expected}"))
+            raise Rejected(wire.internal_error())  # comparisons in verify() raise TypeError
+    temperature = sampling.get("temperature", 1.0)
+    if temperature is not None and (temperature < 0 or not math.isfinite(temperature)):
+        raise ValueRejected(f"temperature must be a non-negative finite number, got {temperature}.")
+    top_p = sampling.get("top_p", 1.0)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueRejected(f"top_p must be in (0, 1], got {top_p}.")
+    top_k = sampling.get("top_k", -1)
+    if top_k is not None and top_k != -1 and top_k < 1:
+        raise ValueRejected(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+    min_p = sampling.get("min_p", 0.0)
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise ValueRejected(f"min_p must be in [0, 1], got {min_p}.")
+    max_new = sampling.get("max_new_tokens", 128)
+    if max_new is not None and max_new < 0:
+        raise ValueRejected(f"max_new_tokens must be at least 0, got {max_new}.")
+
+
+def _serde_kind(value: Any) -> str:
+    if isinstance(value, str):
+        return f'string "{value}"'
+    if isinstance(value, bool):
+        return f"boolean `{str(value).lower()}`"
+    if isinstance(value, list):
+        return "sequence"
+    if isinstance(value, dict):
+        return "map"
+    return "null" if value is None else f"value {value!r}"
+
+
+def _params(sampling: dict[str, Any], input_len: int) -> GenerateParams:
+    stop = sampling.get("stop") or ()
+    return GenerateParams(
+        input_len=input_len,
+        max_new_tokens=sampling.get("max_new_tokens", 128),
+        stop_token_ids=frozenset(sampling.get("stop_token_ids") or ()),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        ignore_eos=bool(sampling.get("ignore_eos", False)),
+        no_stop_trim=bool(sampling.get("no_stop_trim", False)),
+    )
+
+
+def _first(value: Any, index: int, default: Any) -> Any:
+    if isinstance(value, list):
+        return value[index] if index < len(value) else default
+    return default if value is None else value
+
+
+def parse_generate(body: dict[str, Any], profile: SglangProfile, tokenizer: ByteBPETokenizer,
+                   hint: str | None) -> NativeRequest:
+    """Turn a decoded `/generate` body into items, or raise `Rejected` / `ValueRejected`."""
+    _check_shapes(body)
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None) or body.get("input_embeds") is not None and (text or input_ids):
+        raise ValueRejected("Either text, input_ids or input_embeds should be provided.")
+    if input_ids is not None:
+        batch = bool(input_ids) and isinstance(input_ids[0], list)
+        prompts = input_ids if batch else [input_ids]
+    else:
+        batch = isinstance(text, list)
+        prompts = [tokenizer.encode(t) for t in (text if batch else [text])]
+    raw_sampling = body.get("sampling_params")
+    items: list[NativeItem] = []
+    for position, ids in enumerate(prompts):
+        sampling = dict(_first(raw_sampling, position, {}) or {})
+        _check_sampling(sampling, profile)
+        rid = _first(body.get("rid"), position, None)
+        n = sampling.get("n") or 1
+        for copy in range(n):
+            own_rid = rid if (rid is not None and n == 1) else uuid.uuid4().hex
+            items.append(NativeItem(len(items), list(ids), own_rid, sampling, _params(sampling, len(ids)),
+                                    hint or (rid if n == 1 else None)))
+        batch = batch or n > 1
+    return NativeRequest(
+        items=items,
+        batch=batch,
+        stream=bool(body.get("stream", False)),
+        return_logprob=bool(_first(body.get("return_logprob"), 0, False)),
+        logprob_start_len=int(_first(body.get("logprob_start_len"), 0, -1)),
+        top_logprobs_num=int(_first(body.get("top_logprobs_num"), 0, 0)),
+        return_text_in_logprobs=bool(body.get("return_text_in_logprobs", False)),
+        return_prompt_token_ids=bool(body.get("return_prompt_token_ids", False)),
+    )

@@ -1,0 +1,113 @@
+"""Mutable server state: weight version, pause gate, requests in flight.
+
+Abort, pause and flush act on what is in flight, so every generating request registers
+here with a wake-up event that `/abort_request` and `/pause_generation` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class InFlight:
+    rid: str
+    started: float = field(default_factory=time.monotonic)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: bool = False
+    prefilled: bool = False  # past the first token: an abort returns partial output
+
+
+class ServerState:
+    def __init__(self, weight_version: str = "default") -> None:
+        self.weight_version = weight_version
+        self.running = asyncio.Event()
+        self.running.set()
+        self.pause_mode: str | None = None
+        self.inflight: dict[str, InFlight] = {}
+        self.waiting = 0
+        self.workers_available = True  # False: the router surface answers no-available-workers
+
+    @property
+    def paused(self) -> bool:
+        return not self.running.is_set()
+
+    def busy(self) -> bool:
+        return bool(self.inflight) or self.waiting > 0
+
+    def register(self, rid: str) -> InFlight:
+        entry = InFlight(rid)
+        self.inflight[rid] = entry
+        return entry
+
+    def release(self, rid: str) -> None:
+        self.inflight.pop(rid, None)
+
+    def abort(self, rid_prefix: str | None = None, *, abort_all: bool = False) -> int:
+        """Abort in-flight requests whose rid starts with `rid_prefix` (or all); returns how many."""
+        count = 0
+        for rid, entry in list(self.inflight.items()):
+            if abort_all or (rid_prefix is not None and rid.startswith(rid_prefix)):
+                entry.aborted = True
+                entry.wake.set()
+                count += 1
+        return count
+
+    def pause(self, mode: str) -> None:
+        self.pause_mode = mode
+        self.running.clear()
+        if mode == "abort":
+            self.abort(abort_all=True)
+        else:
+            for entry in self.inflight.values():
+                entry.wake.set()
+
+    def resume(self) -> None:
+        self.pause_mode = None
+        self.running.set()
+
+
+class Pacer:
+    """Plays one generation's timing; returns early when the request is aborted.
+
+    While generation is paused in `retract` or `in_place` mode the clock stops and resumes
+    on continue.
+    """
+
+    def __init__(self, state: ServerState, entry: InFlight) -> None:
+        self._state = state
+        self._entry = entry
+        self.active = 0.0  # seconds of generation played so far
+
+    async def sleep(self, seconds: float) -> bool:
+        """Advance the clock by `seconds`; False if aborted meanwhile."""
+        remaining = seconds
+        while True:
+            if self._entry.aborted:
+                return False
+            if self._state.paused:
+                self._entry.wake.clear()
+                await self._wait_resume()
+                continue
+            if remaining <= 0:
+                return True
+            started = time.monotonic()
+            self._entry.wake.clear()
+            try:
+                await asyncio.wait_for(self._entry.wake.wait(), remaining)
+            except TimeoutError:
+                pass
+            spent = time.monotonic() - started
+            self.active += min(spent, remaining)
+            remaining -= spent
+
+    async def _wait_resume(self) -> None:
+        resume = asyncio.ensure_future(self._state.running.wait())
+        wake = asyncio.ensure_future(self._entry.wake.wait())
+        try:
+            await asyncio.wait({resume, wake}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            resume.cancel()
+            wake.cancel()

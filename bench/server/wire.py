@@ -1,0 +1,80 @@
+"""Bytes on the wire: compact JSON in insertion order, SSE framing, error bodies.
+
+Error bodies are the real ones, per WIRE.md section 1.8 (native), 3.1-3.2 (OpenAI) and 4.4
+(router); handlers pick one, never invent their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from .profiles import SglangProfile
+
+_encode = msgspec.json.Encoder().encode
+JSON = "application/json"
+SSE_DONE = b"data: [DONE]\n\n"
+NO_WORKERS = "No available workers (all circuits open or unhealthy)"
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON, keys in insertion order (SGLang's serialization)."""
+    return _encode(obj)
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=dumps(obj), status=status, content_type=JSON, headers=headers)
+
+
+def text_response(text: str, status: int) -> web.Response:
+    return web.Response(text=text, status=status, content_type="text/plain")
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+# -- native SGLang ----------------------------------------------------------------------
+def value_error(message: str) -> web.Response:
+    """A ValueError in SGLang's tokenizer manager (context length, bad sampling value, duplicate rid)."""
+    return json_response({"error": {"message": message}}, 400)
+
+
+def bad_request(message: str) -> web.Response:
+    """FastAPI's 422 for a body of the wrong shape, as SGLang remaps it."""
+    return json_response({"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400},
+                         400)
+
+
+def schema_error(message: str) -> web.Response:
+    """0.5.23's sampling-parameter schema pre-check: `error` is a string."""
+    return json_response({"error": message}, 400)
+
+
+def internal_error() -> web.Response:
+    """An uncaught exception in SGLang: plain text."""
+    return text_response("Internal Server Error", 500)
+
+
+def scheduler_error(status: int, message: str) -> web.Response:
+    return json_response({"object": "error", "message": message, "type": str(status), "param": None, "code": status},
+                         status)
+
+
+def stream_error_event(profile: SglangProfile, message: str, code: int = 400) -> bytes:
+    if profile.rich_stream_errors:
+        error = {"message": message, "type": "invalid_request_error", "code": code, "retryable": False}
+    else:
+        error = {"message": message}
+    return sse({"error": error})
+
+
+# -- router -------------------------------------------------------------------------------
+def router_no_workers(router_version: str, request_id: str) -> web.Response:
+    """The router's answer when every worker's circuit is open or unhealthy."""
+    if router_version.startswith("0.2"):
+        return text_response(NO_WORKERS, 503)
+    body = {"error": {"type": "Service Unavailable", "code": "no_available_workers", "message": NO_WORKERS}}
+    return json_response(body, 503, headers={"x-smg-error-code": "no_available_workers", "x-request-id": request_id})
