@@ -124,8 +124,8 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
                      request: web.Request) -> dict[str, Any]:
     try:
         generation = _prepare(ctx, item)
-    except _Rejection as rejection:
-        record = _record(ctx, item, arrived, False, rejection.generation, request.path)
+    except ValueRejected as rejection:
+        record = _record(ctx, item, arrived, False, getattr(rejection, "generation", None), request.path)
         record.status, record.error = 400, rejection.message
         raise
     record = _record(ctx, item, arrived, False, generation, request.path)
@@ -167,15 +167,11 @@ async def _generate_stream(request: web.Request, ctx: ServerContext, parsed: Nat
     for item in parsed.items:
         try:
             generation = _prepare(ctx, item)
-        except _Rejection as rejection:
-            record = _record(ctx, item, arrived, True, rejection.generation, request.path)
+        except ValueRejected as rejection:
+            record = _record(ctx, item, arrived, True, getattr(rejection, "generation", None), request.path)
             record.status, record.error = 200, rejection.message
             response = response or await _open_stream(request)
             await response.write(wire.stream_error_event(ctx.config.profile, rejection.message))
-            continue
-        except ValueRejected as error:
-            response = response or await _open_stream(request)
-            await response.write(wire.stream_error_event(ctx.config.profile, error.message))
             continue
         response = response or await _open_stream(request)
         await _stream_item(ctx, parsed, item, generation, response, arrived, request.path)
