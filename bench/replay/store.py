@@ -74,7 +74,7 @@ def _recorded(trajectory: Trajectory, index: int, member: int) -> RecordedTrajec
     for step, ids in zip(trajectory.turns, trajectory.iter_request_input_ids()):
         if ids is None:
             ids = []  # sent as text or messages: matched through their tokenization instead
-        if current is None or current[: len(ids)] != ids or len(current) > len(ids):
+        if current is None or len(ids) < len(current) or ids[: len(current)] != current:
             current = list(ids)
             sequences.append(current)
         else:

@@ -1,0 +1,96 @@
+"""Replay: clients that follow the trace turn by turn get the recorded answers, and are identified."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from array import array
+
+import aiohttp
+
+from bench.replay.store import RecordedTrajectory
+from bench.server import BenchServer
+
+CLIENTS = 64
+
+
+def _append_ids(trajectory: RecordedTrajectory, turn: int) -> list[int]:
+    """Ids the recording appended before `turn` (tool outputs and chat markers)."""
+    previous = trajectory.turns[turn - 1]
+    start = previous.input_len + len(previous.output_ids)
+    return list(array("i", trajectory.sequences[0][start * 4: trajectory.turns[turn].input_len * 4]))
+
+
+async def _agent(http: aiohttp.ClientSession, url: str, group: list[RecordedTrajectory], prompt: list[int],
+                 retry_turn: int | None, budget: int) -> list[tuple[str, int, list[int], list[float] | str]]:
+    """Send turn 0, learn which member answered, then follow that member's recording.
+
+    Like a real agent loop it clamps `max_new_tokens` to what is left of the context budget.
+    """
+    seen: list[tuple[str, int, list[int], list[float] | str]] = []
+    context = list(prompt)
+    trajectory: RecordedTrajectory | None = None
+    turn = 0
+    while True:
+        max_new = max(1, min(2048, budget - len(context)))
+        sampling = {"max_new_tokens": max_new, "stop_token_ids": [1758], "no_stop_trim": True}
+        repeats = 2 if turn == retry_turn else 1
+        for _ in range(repeats):
+            async with http.post(f"{url}/generate", json={"input_ids": context, "sampling_params": sampling,
+                                                          "return_logprob": True}) as reply:
+                body = await reply.json()
+        if "error" in body:
+            seen.append((trajectory.id if trajectory else "?", turn, [], body["error"]["message"]))
+            return seen
+        triples = body["meta_info"]["output_token_logprobs"]
+        output = [t[1] for t in triples]
+        if trajectory is None:
+            trajectory = next(m for m in group if list(m.turns[0].output_ids) == output)
+        seen.append((trajectory.id, turn, output, [t[0] for t in triples]))
+        turn += 1
+        if turn == len(trajectory.turns):
+            return seen
+        context += output + _append_ids(trajectory, turn)
+
+
+async def _run() -> None:
+    async with BenchServer("agentic-500") as server:
+        store = server.context.store
+        groups = list(store.groups.values())[: CLIENTS // 4]
+        jobs = []
+        rng = random.Random(0)
+        for group in groups:
+            prompt = list(array("i", group.prompt))
+            for member in group.members:
+                jobs.append((group.members, prompt, 1 if member.member == 0 else None))
+        rng.shuffle(jobs)
+        assert len(jobs) == CLIENTS
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CLIENTS)) as http:
+            budget = server.context.config.context_length
+            results = await asyncio.gather(*(_agent(http, server.url, *job, budget) for job in jobs))
+        claimed = [r[0][0] for r in results]
+        assert sorted(claimed) == sorted(m.id for g in groups for m in g.members)  # each member exactly once
+        for result in results:
+            trajectory = store.by_id[result[0][0]]
+            assert [turn for _, turn, _, _ in result] == list(range(len(trajectory.turns)))
+            for _, turn, output, logprobs in result:
+                recorded = trajectory.turns[turn]
+                if recorded.error_status is not None:
+                    assert logprobs == recorded.error_message
+                else:
+                    assert output == list(recorded.output_ids) and logprobs == list(recorded.logprobs)
+        retried = {result[0][0] for result, job in zip(results, jobs) if job[2] is not None and len(result) > 1}
+        assert retried
+        log = server.log.records
+        assert len(log) == sum(len(r) for r in results) + len(retried)
+        assert all(r.drift is None for r in log)
+        attempts: dict[tuple[str, int], list[int]] = {}
+        for record in log:
+            attempts.setdefault((record.trajectory, record.turn), []).append(record.attempt)
+        for (trajectory_id, turn), numbers in attempts.items():
+            expected = [1, 2] if turn == 1 and trajectory_id in retried else [1]
+            assert sorted(numbers) == expected, (trajectory_id, turn, numbers)
+
+
+def test_turn_by_turn_clients_get_the_recording_under_concurrency() -> None:
+    asyncio.run(_run())
