@@ -46,6 +46,17 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .server.serve import serve
+
+    return asyncio.run(serve(args.trace, host=args.host, port=args.port, log_dir=args.log_dir,
+                             sglang_version=args.sglang_version, time_scale=args.time_scale,
+                             router_version=args.router_version, openai_flavor=args.openai_flavor,
+                             incremental_streaming=args.incremental_streaming_output))
+
+
 def _cmd_tokenizer(args: argparse.Namespace) -> int:
     from .tokenizer import tokenizer_path
 
@@ -87,6 +98,26 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--out", help="report folder (default reports/inspect-<trace>)")
     inspect.set_defaults(run=_cmd_inspect)
 
+    from .server import DEFAULT_PROFILE, PROFILES
+
+    serve = sub.add_parser("serve", help="run the mock SGLang / vLLM / router server standalone")
+    serve.add_argument("--trace", default=DEFAULT_TRACE,
+                       help=f"trace file or shipped trace name (default {DEFAULT_TRACE})")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=30000, help="port (0: pick a free one; default 30000)")
+    serve.add_argument("--sglang-version", default=DEFAULT_PROFILE, choices=list(PROFILES),
+                       help=f"response shapes of this SGLang release (default {DEFAULT_PROFILE})")
+    serve.add_argument("--time-scale", type=float, default=0.0,
+                       help="replay recorded latencies scaled by this (0: as fast as possible, 1: real time)")
+    serve.add_argument("--router-version", default="0.3.2", choices=["0.3.2", "0.2"],
+                       help="router surface answers of this sglang-router release")
+    serve.add_argument("--openai-flavor", default="vllm", choices=["vllm", "sglang"],
+                       help="shape of the OpenAI-compatible routes")
+    serve.add_argument("--incremental-streaming-output", action="store_true",
+                       help="stream deltas instead of cumulative chunks, as SGLang's flag of that name")
+    serve.add_argument("--log-dir", help="write the request log (requests.csv) here on shutdown")
+    serve.set_defaults(run=_cmd_serve)
+
     sub.add_parser("tokenizer", help="print the shipped tokenizer folder").set_defaults(run=_cmd_tokenizer)
     sub.add_parser("traces", help="list the shipped traces").set_defaults(run=_cmd_traces)
     return parser
@@ -100,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
-    except (TraceFormatError, SynthError, FileNotFoundError, KeyError) as error:
+    except (TraceFormatError, SynthError, FileNotFoundError, KeyError, ValueError, OSError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"rollout-bench: error: {message}", file=sys.stderr)
         return 2

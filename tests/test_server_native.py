@@ -189,7 +189,7 @@ def test_request_log_identifies_turn_and_attempt(server: ServerThread) -> None:
     before = len(server.context.log)
     for _ in range(2):
         _send(server, trajectory, _body(turn_input(trajectory, 0)))
-    records = server.context.log.records[before:]
+    records = [r for r in server.context.log.records[before:] if r.endpoint == "/generate"]
     assert [(r.trajectory, r.turn, r.attempt, r.status) for r in records] == [
         (trajectory.id, 0, 1, 200), (trajectory.id, 0, 2, 200)]
 
@@ -232,7 +232,8 @@ def test_queued_and_running_aborts() -> None:
         partial = [t[1] for t in meta["output_token_logprobs"]]
         assert 0 < len(partial) < len(trajectory.turns[0].output_ids)
         assert partial == list(trajectory.turns[0].output_ids[: len(partial)])
-        assert thread.context.log.records[-1].finish == "abort"
+        generated = [r for r in thread.context.log.records if r.endpoint == "/generate"]
+        assert [r.finish for r in generated] == ["abort"]
 
 
 def _wait_inflight(thread: ServerThread, rid: str, prefilled: bool = False) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,34 @@ from . import native
 from .admin import add_admin_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
 from .profiles import DEFAULT_PROFILE, get_profile
-from .request_log import RequestLog
-from .router import add_router_routes
+from .request_log import RequestLog, RequestRecord
+from .router import GENERATION_ROUTES, add_router_routes
+
+
+@web.middleware
+async def log_admin_requests(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Log requests outside the generation routes (those log themselves, with their identity)."""
+    if request.path in GENERATION_ROUTES:
+        return await handler(request)
+    arrived = time.time()
+    record = RequestRecord(started=arrived, endpoint=request.path)
+    request.app[CONTEXT_KEY].log.append(record)
+    try:
+        response = await handler(request)
+    except web.HTTPException as error:
+        record.status = error.status
+        raise
+    except asyncio.CancelledError:
+        record.client_disconnected = True
+        raise
+    finally:
+        record.latency_s = round(time.time() - arrived, 6)
+    record.status = response.status
+    return response
 
 
 def create_app(ctx: ServerContext) -> web.Application:
-    app = web.Application(client_max_size=512 * 2**20)
+    app = web.Application(client_max_size=512 * 2**20, middlewares=[log_admin_requests])
     app[CONTEXT_KEY] = ctx
     app.router.add_route("POST", "/generate", native.generate)
     app.router.add_route("PUT", "/generate", native.generate)

@@ -1,0 +1,38 @@
+"""`rollout-bench serve`: the server alone, until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from .app import BenchServer
+
+
+async def serve(trace: str, *, host: str, port: int, log_dir: str | None = None, **options: Any) -> int:
+    """Serve `trace` on host:port; print the URL; shut down cleanly on a signal."""
+    server = BenchServer(trace, host=host, port=port, **options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    config = server.context.config
+    url = await server.start()
+    print(f"rollout-bench serving {server.context.store.path} at {url} "
+          f"(SGLang {config.profile.version}, time scale {config.time_scale})", flush=True)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: bound to {host}, reachable beyond this machine", file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    print(f"stopped after {len(server.log)} requests", flush=True)
+    if log_dir:
+        folder = Path(log_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        print(f"request log: {server.log.write_csv(folder / 'requests.csv')}", flush=True)
+    return 0
