@@ -244,3 +244,22 @@ def _wait_inflight(thread: ServerThread, rid: str, prefilled: bool = False) -> N
             return
         time.sleep(0.01)
     raise AssertionError(f"{rid} never got in flight")
+
+
+def test_time_scale_replays_recorded_latency() -> None:
+    """Lower bounds only: the answer never comes sooner than the scaled recording says."""
+    scale = 0.5
+    with ServerThread("rlvr-500", time_scale=scale) as thread:
+        trajectory = min(thread.context.store.trajectories[:40], key=lambda t: t.turns[0].total)
+        recorded = trajectory.turns[0]
+        started = time.monotonic()
+        reply = _send(thread, trajectory, _body(turn_input(trajectory, 0), stream=True))
+        elapsed = time.monotonic() - started
+        assert reply.status == 200 and elapsed >= recorded.total * scale * 0.95
+        records = [r for r in thread.context.log.records if r.endpoint == "/generate"]
+        assert records[0].latency_s >= recorded.total * scale * 0.95
+
+
+def test_request_log_is_served_to_a_remote_harness(server: ServerThread) -> None:
+    rows = request(server.url, "/bench/requests").json()
+    assert rows and {"endpoint", "trajectory", "turn", "attempt", "status", "drift"} <= set(rows[0])
