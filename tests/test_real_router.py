@@ -1,0 +1,86 @@
+"""The real sglang-router (PyPI) in front of two bench servers: routing, then its own breaker's 503."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.server import ServerThread
+from tests.server_helpers import Reply, request, turn_input
+
+NO_WORKERS = (b'{"error":{"type":"Service Unavailable","code":"no_available_workers",'
+              b'"message":"No available workers (all circuits open or unhealthy)"}}')
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_ready(router: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if router.poll() is not None:
+            pytest.fail(f"sglang-router exited with {router.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            if request(url, "/readiness", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"sglang-router not ready after 60 s:\n{log.read_text()[-2000:]}")
+
+
+@pytest.mark.slow
+def test_router_routes_to_bench_workers_then_opens_its_circuit(tmp_path: Path) -> None:
+    try:
+        import sglang_router
+    except ImportError:
+        pytest.skip("sglang-router has no wheel for this platform: the real-router test did not run")
+    assert sglang_router.__version__ == "0.3.2"
+    port, metrics = _free_port(), _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "router.log"
+    router: subprocess.Popen | None = None
+    try:
+        with ServerThread("rlvr-500") as first, ServerThread("rlvr-500") as second:
+            command = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                       "--port", str(port), "--worker-urls", first.url, second.url, "--policy", "round_robin",
+                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics), "--log-level", "warn",
+                       "--disable-retries", "--cb-failure-threshold", "1", "--health-check-interval-secs", "60"]
+            with open(log, "wb") as sink:
+                router = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+            _wait_ready(router, url, log)
+            store = first.context.store
+            for index in range(4):
+                trajectory = store.trajectories[index * 4]  # one member of four different groups
+                reply = request(url, "/generate", {"input_ids": turn_input(trajectory, 0), "return_logprob": True,
+                                                   "sampling_params": {"max_new_tokens": 1024}})
+                assert reply.status == 200, reply.body
+                ids = [t[1] for t in reply.json()["meta_info"]["output_token_logprobs"]]
+                assert ids == list(trajectory.turns[0].output_ids)
+            served = [[r for r in s.context.log.records if r.endpoint == "/generate"] for s in (first, second)]
+            assert [len(s) for s in served] == [2, 2]  # round robin
+            assert all(r.drift is None and r.turn == 0 for s in served for r in s)
+        # Both workers are stopped now: the router meets refused connections, then opens its circuits.
+        replies: list[Reply] = []
+        for _ in range(6):
+            replies.append(request(url, "/generate", {"text": "hello"}))
+            if replies[-1].status == 503:
+                break
+        failed, final = replies[:-1], replies[-1]
+        assert failed and all(r.status == 500 for r in failed)
+        assert all(r.headers.get("x-smg-error-code") == "call_upstream_request_error" for r in failed)
+        assert final.status == 503, [(r.status, r.body) for r in replies]
+        assert final.headers["x-smg-error-code"] == "no_available_workers"
+        assert final.body == NO_WORKERS
+    finally:
+        if router is not None:
+            router.terminate()
+            router.wait(timeout=20)
