@@ -151,3 +151,14 @@ def test_no_available_workers_is_the_routers_503(router_version: str) -> None:
         assert request(thread.url, "/readiness").status == 503
         request(thread.url, "/bench/workers", {"available": True})
         assert _generate(thread).status == 200
+
+
+@pytest.mark.parametrize("version,reported", [("0.4.10", "0.4.10.post2"), ("0.5.2", "0.5.2"), ("0.5.6", "0.5.6"),
+                                              ("0.5.15", "0.5.15.post1"), ("0.5.23", "0.5.23")])
+def test_info_endpoints_per_release(version: str, reported: str) -> None:
+    with ServerThread("rlvr-500", sglang_version=version) as thread:
+        assert request(thread.url, "/server_info").json()["version"] == reported
+        assert request(thread.url, "/v1/loads").json()["version"] == reported
+        info = request(thread.url, "/model_info").json()
+        extra = ["served_model_name", "load_format", "reasoning_parser", "tool_call_parser", "disaggregation_mode"]
+        assert list(info)[-5:] == extra if version == "0.5.23" else not set(extra) & set(info)
