@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from aiohttp import web
 
@@ -116,6 +117,22 @@ def _finish(ctx: ServerContext, record: RequestRecord, generation: Generation, s
     ctx.identifier.record_outcome(generation.identity, succeeded=finish in ("stop", "length"))
 
 
+@contextlib.contextmanager
+def _in_flight(ctx: ServerContext, item: NativeItem, record: RequestRecord, generation: Generation,
+               arrived: float) -> Iterator[Pacer]:
+    """Register the item for abort/pause while it generates; a vanished client is logged as such."""
+    entry = ctx.state.register(item.rid)
+    try:
+        yield Pacer(ctx.state, entry)
+    except (asyncio.CancelledError, ConnectionResetError):
+        record.client_disconnected = True
+        record.latency_s = round(time.time() - arrived, 6)
+        ctx.identifier.record_outcome(generation.identity, succeeded=False)
+        raise
+    finally:
+        ctx.state.release(item.rid)
+
+
 def _per_token(generation: Generation, scale: float) -> float:
     return max(0.0, generation.total - generation.ttft) * scale / max(1, len(generation.output_ids))
 
@@ -130,14 +147,12 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
         raise
     record = _record(ctx, item, arrived, False, generation, request.path)
     formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version)
-    entry = ctx.state.register(item.rid)
-    pacer = Pacer(ctx.state, entry)
     scale = ctx.config.time_scale
-    try:
+    with _in_flight(ctx, item, record, generation, arrived) as pacer:
         if not await pacer.sleep(generation.ttft * scale):
             _finish(ctx, record, generation, 200, 0, "abort", arrived)
             return formatter.queued_abort(item.rid, time.time() - arrived)
-        entry.prefilled = True
+        pacer.first_token()
         decode_started = pacer.active
         if not await pacer.sleep(max(0.0, generation.total - generation.ttft) * scale):
             per_token = _per_token(generation, scale)
@@ -152,13 +167,6 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
         reason = generation.finish_reason or {}
         _finish(ctx, record, generation, 200, len(generation.output_ids), reason.get("type"), arrived)
         return formatter.item(generation, item.rid, item.ids, e2e=time.time() - arrived)
-    except asyncio.CancelledError:
-        record.client_disconnected = True
-        record.latency_s = round(time.time() - arrived, 6)
-        ctx.identifier.record_outcome(generation.identity, succeeded=False)
-        raise
-    finally:
-        ctx.state.release(item.rid)
 
 
 async def _generate_stream(request: web.Request, ctx: ServerContext, parsed: NativeRequest,
@@ -185,8 +193,6 @@ async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeIt
                        response: web.StreamResponse, arrived: float, endpoint: str) -> None:
     record = _record(ctx, item, arrived, True, generation, endpoint)
     formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version)
-    entry = ctx.state.register(item.rid)
-    pacer = Pacer(ctx.state, entry)
     scale = ctx.config.time_scale
     per_token = _per_token(generation, scale)
     total = len(generation.output_ids)
@@ -198,12 +204,12 @@ async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeIt
             chunk["index"] = item.index
         await response.write(wire.sse(chunk))
 
-    try:
+    with _in_flight(ctx, item, record, generation, arrived) as pacer:
         if not await pacer.sleep(generation.ttft * scale):
             _finish(ctx, record, generation, 200, 0, "abort", arrived)
             await send(formatter.queued_abort(item.rid, time.time() - arrived))
             return
-        entry.prefilled = True
+        pacer.first_token()
         for count in range(1, total + 1):
             if count > 1 and not await pacer.sleep(per_token):
                 chunk = formatter.item(generation, item.rid, item.ids, upto=sent, finish=ABORTED,
@@ -224,10 +230,3 @@ async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeIt
         if total == 0:
             await send(formatter.item(generation, item.rid, item.ids, e2e=time.time() - arrived))
         _finish(ctx, record, generation, 200, total, (generation.finish_reason or {}).get("type"), arrived)
-    except (asyncio.CancelledError, ConnectionResetError):
-        record.client_disconnected = True
-        record.latency_s = round(time.time() - arrived, 6)
-        ctx.identifier.record_outcome(generation.identity, succeeded=False)
-        raise
-    finally:
-        ctx.state.release(item.rid)

@@ -81,6 +81,10 @@ class Pacer:
         self._entry = entry
         self.active = 0.0  # seconds of generation played so far
 
+    def first_token(self) -> None:
+        """Prefill is over: from now on an abort returns partial output."""
+        self._entry.prefilled = True
+
     async def sleep(self, seconds: float) -> bool:
         """Advance the clock by `seconds`; False if aborted meanwhile."""
         remaining = seconds
