@@ -6,6 +6,7 @@ Error bodies are the real ones, per WIRE.md section 1.8 (native), 3.1-3.2 (OpenA
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
 import msgspec
@@ -78,3 +79,39 @@ def router_no_workers(router_version: str, request_id: str) -> web.Response:
         return text_response(NO_WORKERS, 503)
     body = {"error": {"type": "Service Unavailable", "code": "no_available_workers", "message": NO_WORKERS}}
     return json_response(body, 503, headers={"x-smg-error-code": "no_available_workers", "x-request-id": request_id})
+
+
+# -- OpenAI-compatible routes (WIRE.md 3.1-3.3) ---------------------------------------------
+_OPENAI_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
+                       501: "NotImplementedError", 503: "ServiceUnavailableError"}
+
+
+def openai_error_type(status: int) -> str:
+    """The `type` vLLM and SGLang write for an error of HTTP status `status`."""
+    if status in _OPENAI_ERROR_TYPES:
+        return _OPENAI_ERROR_TYPES[status]
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def openai_error_body(flavor: str, message: str, status: int = 400, err_type: str | None = None,
+                      param: str | None = None) -> dict[str, Any]:
+    """vLLM >= 0.10.1 nests the error under `error`; SGLang's is flat with `object: "error"`."""
+    kind = err_type or openai_error_type(status)
+    if flavor == "sglang":
+        return {"object": "error", "message": message, "type": kind, "param": param, "code": status}
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def openai_error(flavor: str, message: str, status: int = 400, err_type: str | None = None,
+                 param: str | None = None) -> web.Response:
+    return json_response(openai_error_body(flavor, message, status, err_type, param), status)
+
+
+def openai_stream_error(flavor: str, message: str, status: int = 400, err_type: str | None = None,
+                        param: str | None = None) -> bytes:
+    """The in-band error event of an OpenAI stream; `data: [DONE]` follows it."""
+    body = openai_error_body(flavor, message, status, err_type, param)
+    return sse(body if flavor != "sglang" else {"error": body})
