@@ -1,0 +1,100 @@
+"""One OpenAI choice played in time, the way native.py plays a `/generate` item.
+
+Each choice is identified on its own, registered in flight under its own rid (so
+`/abort_request` and `/pause_generation` reach it), paced by the recorded time to first
+token and per-token time scaled by `time_scale`, logged as a RequestRecord, and its
+outcome reported to the identifier so a retry is matched to the attempt that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from ..replay import Generation
+from .context import ServerContext
+from .request_log import RequestRecord
+from .state import Pacer
+
+OnToken = Callable[[int], Awaitable[None]]
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_ids: list[int]
+    generation: Generation
+    rid: str
+    record: RequestRecord
+
+
+@dataclass(frozen=True)
+class Played:
+    count: int  # tokens generated
+    aborted: bool
+
+
+def new_record(ctx: ServerContext, endpoint: str, arrived: float, *, rid: str | None = None, stream: bool = False,
+               prompt_tokens: int | None = None, generation: Generation | None = None) -> RequestRecord:
+    """Append a log record, with the trajectory, turn and attempt the request was taken to be."""
+    record = RequestRecord(started=arrived, endpoint=endpoint, rid=rid, stream=stream, prompt_tokens=prompt_tokens)
+    if generation is not None:
+        identity = generation.identity
+        record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
+        record.attempt, record.drift = identity.attempt, identity.drift
+    ctx.log.append(record)
+    return record
+
+
+def reject(ctx: ServerContext, record: RequestRecord, status: int, error: str, arrived: float,
+           generation: Generation | None = None) -> None:
+    """Log a request answered with an error; an identified attempt counts as failed."""
+    record.status, record.error = status, error
+    record.latency_s = round(time.time() - arrived, 6)
+    if generation is not None:
+        ctx.identifier.record_outcome(generation.identity, succeeded=False)
+
+
+def _finish(ctx: ServerContext, choice: Choice, arrived: float, count: int, aborted: bool) -> Played:
+    record, generation = choice.record, choice.generation
+    finish = "abort" if aborted else (generation.finish_reason or {}).get("type")
+    record.status, record.completion_tokens, record.finish = 200, count, finish
+    record.latency_s = round(time.time() - arrived, 6)
+    ctx.identifier.record_outcome(generation.identity, succeeded=finish in ("stop", "length"))
+    return Played(count, aborted)
+
+
+async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnToken | None = None) -> Played:
+    """Wait out the choice's timing; with `on_token`, announce each token as it is produced."""
+    generation = choice.generation
+    entry = ctx.state.register(choice.rid)
+    pacer = Pacer(ctx.state, entry)
+    scale = ctx.config.time_scale
+    total = len(generation.output_ids)
+    decode = max(0.0, generation.total - generation.ttft) * scale
+    try:
+        if not await pacer.sleep(generation.ttft * scale):
+            return _finish(ctx, choice, arrived, 0, True)
+        pacer.first_token()
+        if on_token is None:
+            started = pacer.active
+            if await pacer.sleep(decode):
+                return _finish(ctx, choice, arrived, total, False)
+            per_token = decode / max(1, total)
+            done = total if per_token == 0 else math.floor((pacer.active - started) / per_token)
+            return _finish(ctx, choice, arrived, min(done, max(0, total - 1)), True)
+        for count in range(1, total + 1):
+            if count > 1 and not await pacer.sleep(decode / total):
+                return _finish(ctx, choice, arrived, count - 1, True)
+            await on_token(count)
+        return _finish(ctx, choice, arrived, total, False)
+    except (asyncio.CancelledError, ConnectionResetError):
+        choice.record.client_disconnected = True
+        choice.record.latency_s = round(time.time() - arrived, 6)
+        ctx.identifier.record_outcome(generation.identity, succeeded=False)
+        raise
+    finally:
+        ctx.state.release(choice.rid)
