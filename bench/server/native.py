@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import math
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from aiohttp import web
 
@@ -15,16 +13,8 @@ from . import wire
 from .context import TRAJECTORY_HEADER, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
+from .playback import Choice, new_record, play, reject
 from .request_log import RequestRecord
-from .state import Pacer
-
-
-class _Ended(Exception):
-    """Generation stopped early: an abort before (`queued`) or after the first token."""
-
-    def __init__(self, tokens: int | None) -> None:
-        super().__init__(tokens)
-        self.tokens = tokens  # None: aborted while queued
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -100,41 +90,8 @@ class _Rejection(ValueRejected):
 
 def _record(ctx: ServerContext, item: NativeItem, arrived: float, stream: bool,
             generation: Generation | None, endpoint: str) -> RequestRecord:
-    identity = generation.identity if generation else None
-    record = RequestRecord(started=arrived, endpoint=endpoint, rid=item.rid, stream=stream,
-                           prompt_tokens=len(item.ids))
-    if identity is not None:
-        record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
-        record.attempt, record.drift = identity.attempt, identity.drift
-    ctx.log.append(record)
-    return record
-
-
-def _finish(ctx: ServerContext, record: RequestRecord, generation: Generation, status: int,
-            tokens: int, finish: str | None, arrived: float) -> None:
-    record.status, record.completion_tokens, record.finish = status, tokens, finish
-    record.latency_s = round(time.time() - arrived, 6)
-    ctx.identifier.record_outcome(generation.identity, succeeded=finish in ("stop", "length"))
-
-
-@contextlib.contextmanager
-def _in_flight(ctx: ServerContext, item: NativeItem, record: RequestRecord, generation: Generation,
-               arrived: float) -> Iterator[Pacer]:
-    """Register the item for abort/pause while it generates; a vanished client is logged as such."""
-    entry = ctx.state.register(item.rid)
-    try:
-        yield Pacer(ctx.state, entry)
-    except (asyncio.CancelledError, ConnectionResetError):
-        record.client_disconnected = True
-        record.latency_s = round(time.time() - arrived, 6)
-        ctx.identifier.record_outcome(generation.identity, succeeded=False)
-        raise
-    finally:
-        ctx.state.release(item.rid)
-
-
-def _per_token(generation: Generation, scale: float) -> float:
-    return max(0.0, generation.total - generation.ttft) * scale / max(1, len(generation.output_ids))
+    return new_record(ctx, endpoint, arrived, rid=item.rid, stream=stream, prompt_tokens=len(item.ids),
+                      generation=generation)
 
 
 async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, arrived: float,
@@ -143,30 +100,17 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
         generation = _prepare(ctx, item)
     except ValueRejected as rejection:
         record = _record(ctx, item, arrived, False, getattr(rejection, "generation", None), request.path)
-        record.status, record.error = 400, rejection.message
+        reject(ctx, record, 400, rejection.message, arrived)
         raise
     record = _record(ctx, item, arrived, False, generation, request.path)
+    played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record), arrived)
     formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version)
-    scale = ctx.config.time_scale
-    with _in_flight(ctx, item, record, generation, arrived) as pacer:
-        if not await pacer.sleep(generation.ttft * scale):
-            _finish(ctx, record, generation, 200, 0, "abort", arrived)
-            return formatter.queued_abort(item.rid, time.time() - arrived)
-        pacer.first_token()
-        decode_started = pacer.active
-        if not await pacer.sleep(max(0.0, generation.total - generation.ttft) * scale):
-            per_token = _per_token(generation, scale)
-            done = len(generation.output_ids) if per_token == 0 else math.floor(
-                (pacer.active - decode_started) / per_token)
-            done = min(done, len(generation.output_ids) - 1) if generation.output_ids else 0
-            _finish(ctx, record, generation, 200, done, "abort", arrived)
-            formatter.weight_version = ctx.state.weight_version
-            return formatter.item(generation, item.rid, item.ids, upto=done, finish=ABORTED,
-                                  e2e=time.time() - arrived)
-        formatter.weight_version = ctx.state.weight_version
-        reason = generation.finish_reason or {}
-        _finish(ctx, record, generation, 200, len(generation.output_ids), reason.get("type"), arrived)
-        return formatter.item(generation, item.rid, item.ids, e2e=time.time() - arrived)
+    e2e = time.time() - arrived
+    if played.queued:
+        return formatter.queued_abort(item.rid, e2e)
+    if played.aborted:
+        return formatter.item(generation, item.rid, item.ids, upto=played.count, finish=ABORTED, e2e=e2e)
+    return formatter.item(generation, item.rid, item.ids, e2e=e2e)
 
 
 async def _generate_stream(request: web.Request, ctx: ServerContext, parsed: NativeRequest,
@@ -177,7 +121,7 @@ async def _generate_stream(request: web.Request, ctx: ServerContext, parsed: Nat
             generation = _prepare(ctx, item)
         except ValueRejected as rejection:
             record = _record(ctx, item, arrived, True, getattr(rejection, "generation", None), request.path)
-            record.status, record.error = 200, rejection.message
+            reject(ctx, record, 200, rejection.message, arrived)
             response = response or await _open_stream(request)
             await response.write(wire.stream_error_event(ctx.config.profile, rejection.message))
             continue
@@ -191,12 +135,11 @@ async def _generate_stream(request: web.Request, ctx: ServerContext, parsed: Nat
 
 async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, generation: Generation,
                        response: web.StreamResponse, arrived: float, endpoint: str) -> None:
+    """One chunk per token (cumulative, or deltas with incremental streaming); the last one finishes."""
     record = _record(ctx, item, arrived, True, generation, endpoint)
     formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version)
-    scale = ctx.config.time_scale
-    per_token = _per_token(generation, scale)
-    total = len(generation.output_ids)
     incremental = ctx.config.incremental_streaming
+    total = len(generation.output_ids)
     sent = 0
 
     async def send(chunk: dict[str, Any]) -> None:
@@ -204,29 +147,23 @@ async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeIt
             chunk["index"] = item.index
         await response.write(wire.sse(chunk))
 
-    with _in_flight(ctx, item, record, generation, arrived) as pacer:
-        if not await pacer.sleep(generation.ttft * scale):
-            _finish(ctx, record, generation, 200, 0, "abort", arrived)
-            await send(formatter.queued_abort(item.rid, time.time() - arrived))
-            return
-        pacer.first_token()
-        for count in range(1, total + 1):
-            if count > 1 and not await pacer.sleep(per_token):
-                chunk = formatter.item(generation, item.rid, item.ids, upto=sent, finish=ABORTED,
-                                       e2e=time.time() - arrived, first=sent == 0)
-                if "output_ids" in chunk and not incremental:
-                    chunk["output_ids"] = chunk["output_ids"][-1:]  # sglang#34488: only the last id
-                _finish(ctx, record, generation, 200, sent, "abort", arrived)
-                await send(chunk)
-                return
-            formatter.weight_version = ctx.state.weight_version
-            final = count == total
-            chunk = formatter.item(generation, item.rid, item.ids, upto=count,
-                                   finish=True if final else None,
-                                   e2e=time.time() - arrived if final else None, first=count == 1,
-                                   incremental_from=sent if incremental else 0)
-            await send(chunk)
-            sent = count
-        if total == 0:
-            await send(formatter.item(generation, item.rid, item.ids, e2e=time.time() - arrived))
-        _finish(ctx, record, generation, 200, total, (generation.finish_reason or {}).get("type"), arrived)
+    async def on_token(count: int) -> None:
+        nonlocal sent
+        formatter.weight_version = ctx.state.weight_version
+        final = count == total
+        await send(formatter.item(generation, item.rid, item.ids, upto=count, finish=True if final else None,
+                                  e2e=time.time() - arrived if final else None, first=count == 1,
+                                  incremental_from=sent if incremental else 0))
+        sent = count
+
+    played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record), arrived, on_token)
+    if played.queued:
+        await send(formatter.queued_abort(item.rid, time.time() - arrived))
+    elif played.aborted:
+        chunk = formatter.item(generation, item.rid, item.ids, upto=played.count, finish=ABORTED,
+                               e2e=time.time() - arrived, first=played.count == 0)
+        if "output_ids" in chunk and not incremental:
+            chunk["output_ids"] = chunk["output_ids"][-1:]  # sglang#34488: an abort chunk holds only the last id
+        await send(chunk)
+    elif total == 0:
+        await send(formatter.item(generation, item.rid, item.ids, e2e=time.time() - arrived))

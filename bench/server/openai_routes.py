@@ -23,7 +23,7 @@ from . import wire
 from .context import TRAJECTORY_HEADER, ServerContext, context_of
 from .openai_answer import settle
 from .openai_format import OpenAIFormatter
-from .openai_play import Choice, Played, new_record, play, reject
+from .playback import Choice, Played, new_record, play, reject
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate
 
 Parser = Callable[[dict[str, Any], str, ByteBPETokenizer], OpenAIRequest]

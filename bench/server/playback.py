@@ -1,6 +1,6 @@
-"""One OpenAI choice played in time, the way native.py plays a `/generate` item.
+"""One generation played in time, for every API (native items and OpenAI choices alike).
 
-Each choice is identified on its own, registered in flight under its own rid (so
+Each generation is identified on its own, registered in flight under its own rid (so
 `/abort_request` and `/pause_generation` reach it), paced by the recorded time to first
 token and per-token time scaled by `time_scale`, logged as a RequestRecord, and its
 outcome reported to the identifier so a retry is matched to the attempt that failed.
@@ -35,6 +35,7 @@ class Choice:
 class Played:
     count: int  # tokens generated
     aborted: bool
+    queued: bool = False  # aborted before its first token: SGLang's reduced body shape
 
 
 def new_record(ctx: ServerContext, endpoint: str, arrived: float, *, rid: str | None = None, stream: bool = False,
@@ -58,13 +59,14 @@ def reject(ctx: ServerContext, record: RequestRecord, status: int, error: str, a
         ctx.identifier.record_outcome(generation.identity, succeeded=False)
 
 
-def _finish(ctx: ServerContext, choice: Choice, arrived: float, count: int, aborted: bool) -> Played:
+def _finish(ctx: ServerContext, choice: Choice, arrived: float, count: int, aborted: bool,
+            queued: bool = False) -> Played:
     record, generation = choice.record, choice.generation
     finish = "abort" if aborted else (generation.finish_reason or {}).get("type")
     record.status, record.completion_tokens, record.finish = 200, count, finish
     record.latency_s = round(time.time() - arrived, 6)
     ctx.identifier.record_outcome(generation.identity, succeeded=finish in ("stop", "length"))
-    return Played(count, aborted)
+    return Played(count, aborted, queued)
 
 
 async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnToken | None = None) -> Played:
@@ -77,7 +79,7 @@ async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnT
     decode = max(0.0, generation.total - generation.ttft) * scale
     try:
         if not await pacer.sleep(generation.ttft * scale):
-            return _finish(ctx, choice, arrived, 0, True)
+            return _finish(ctx, choice, arrived, 0, True, queued=True)
         pacer.first_token()
         if on_token is None:
             started = pacer.active
