@@ -1,5 +1,21 @@
-"""Fault catalogue, schedules and plan files; `faults/plans/` holds the shipped plans.
+"""Faults: catalogue, schedules, plans and the fault log (see `faults/plans/` for shipped plans).
 
-Empty until the fault engine lands: the package exists so the layout, packaging and wheel
-data lookups are settled from the start.
+A fault rule is what goes wrong (a fault type from the catalogue, with parameters), when
+(a schedule: probability, every k-th trajectory, first n attempts, turns, trajectories,
+groups, attempts, time window, endpoints) and where (endpoints). A plan is named rules plus
+a seed; every decision is a pure function of (seed, rule, trajectory, turn, attempt).
 """
+
+from .base import FAULTS, Fault, FaultError, fault_class, register
+from .engine import FAULT_HEADER, FaultEngine, forced_rules
+from .exchange import Exchange, Replacement, Transport
+from .log import FaultEvent, FaultLog
+from .plan import Plan, PlanError, Rule, load_plan, plan_from_specs, resolve_plan, rule_from_spec, shipped_plans
+from .schedule import Schedule, Target, parse_schedule
+
+__all__ = [
+    "FAULTS", "FAULT_HEADER", "Exchange", "Fault", "FaultEngine", "FaultError", "FaultEvent", "FaultLog", "Plan",
+    "PlanError", "Replacement", "Rule", "Schedule", "Target", "Transport", "fault_class", "forced_rules",
+    "load_plan", "parse_schedule", "plan_from_specs", "register", "resolve_plan", "rule_from_spec",
+    "shipped_plans",
+]

@@ -1,0 +1,33 @@
+"""`router_no_workers`: sglang-router's 503 when every circuit is open (WIRE 4.4), byte for byte.
+
+`router_version = "0.2"` gives the 0.2.x plain-text answer instead of the JSON one.
+"""
+
+from ..base import Fault, FaultError, register
+from ..exchange import Exchange, Replacement
+
+MESSAGE = "No available workers (all circuits open or unhealthy)"
+BODY = ('{"error":{"type":"Service Unavailable","code":"no_available_workers","message":"'
+        + MESSAGE + '"}}').encode()
+
+
+def no_workers(router_version: str) -> Replacement:
+    if router_version.startswith("0.2"):
+        return Replacement(503, MESSAGE.encode(), "text/plain")
+    return Replacement(503, BODY, "application/json", {"x-smg-error-code": "no_available_workers"})
+
+
+@register
+class RouterNoWorkers(Fault):
+    name = "router_no_workers"
+    category = "http"
+    router_version: str = "0.3.2"
+
+    def check(self) -> None:
+        if self.router_version not in ("0.3.2", "0.2"):
+            raise FaultError(f"{self.name}: parameter 'router_version' must be one of 0.3.2, 0.2; "
+                             f"got {self.router_version!r}")
+
+    def apply(self, exchange: Exchange) -> str:
+        exchange.replacement = no_workers(self.router_version)
+        return "answered the router's no-available-workers 503"

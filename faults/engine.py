@@ -1,0 +1,71 @@
+"""The fault engine: which rules fire for a request, applied to its exchange, logged.
+
+The plan can be swapped at any time (one attribute assignment on the event loop: atomic);
+a request can also force faults with the `X-Bench-Fault` header, for debugging.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .base import FaultError
+from .exchange import Exchange
+from .log import FaultEvent, FaultLog
+from .plan import Plan, PlanError, Rule, parse_spec, make_rule
+from .schedule import SCHEDULE_KEYS, Target
+
+FAULT_HEADER = "X-Bench-Fault"
+EMPTY_PLAN = Plan("none", 0, ())
+
+
+@dataclass(frozen=True)
+class Decision:
+    rules: tuple[Rule, ...]
+    target: Target
+
+
+def forced_rules(header: str) -> tuple[Rule, ...]:
+    """Rules from an `X-Bench-Fault` header: `;`-separated specs without schedules."""
+    rules = []
+    for index, spec in enumerate(s.strip() for s in header.split(";") if s.strip()):
+        values = parse_spec(spec)
+        scheduled = sorted(set(values) & set(SCHEDULE_KEYS))
+        if scheduled:
+            raise FaultError(f"{FAULT_HEADER}: {spec!r}: a forced fault takes no schedule ({', '.join(scheduled)})")
+        rules.append(make_rule(values, f"header:{values['fault']}#{index}"))
+    return tuple(rules)
+
+
+class FaultEngine:
+    def __init__(self, plan: Plan | None = None) -> None:
+        self.plan = plan or EMPTY_PLAN
+        self.log = FaultLog()
+        self.started = time.monotonic()
+
+    def swap(self, plan: Plan) -> Plan:
+        """Replace the plan; returns the old one. Decisions already taken keep their rules."""
+        old, self.plan = self.plan, plan
+        return old
+
+    def decide(self, target: Target, forced: tuple[Rule, ...] = ()) -> Decision:
+        plan = self.plan  # one read: a concurrent swap never mixes two plans in one decision
+        elapsed = time.monotonic() - self.started
+        fired = [r for r in plan.rules if r.fault.server_side and r.schedule.fires(plan.seed, r.name, target, elapsed)]
+        return Decision(tuple(forced) + tuple(fired), target)
+
+    def apply(self, decision: Decision, exchange: Exchange, request_id: str) -> None:
+        """Apply each fired rule to the exchange and log what it changed."""
+        target = decision.target
+        for rule in decision.rules:
+            if exchange.api not in rule.fault.apis:
+                continue
+            change = rule.fault.apply(exchange)
+            self.log.append(FaultEvent(rule.name, rule.fault.name, target.trajectory, target.group, target.turn,
+                                       target.attempt, target.endpoint, request_id, time.time(), change))
+
+    def never_fired(self) -> list[str]:
+        return self.log.never_fired(r.name for r in self.plan.rules if r.fault.server_side)
+
+
+__all__ = ["Decision", "FAULT_HEADER", "FaultEngine", "PlanError", "forced_rules"]

@@ -1,0 +1,76 @@
+"""What a fault can change about one answer: the generation, the wire shape, the transport.
+
+The server builds an `Exchange` per generation, lets every fired fault edit it, then
+formats and sends it. Faults never see the server; the server knows no fault by name.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from bench.replay import Generation
+from bench.tokenizer import ByteBPETokenizer
+
+
+@dataclass
+class Replacement:
+    """A whole HTTP answer sent instead of the generation (error statuses, broken bodies)."""
+
+    status: int
+    body: bytes
+    content_type: str | None = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Transport:
+    """How the bytes travel."""
+
+    delay: float = 0.0  # extra seconds before anything is sent
+    first_token_delay: float = 0.0  # extra seconds before the first token
+    stall: bool = False  # send nothing until the client gives up
+    reset: bool = False  # drop the connection without an answer
+    truncate_at: float | None = None  # share of the body sent before the connection drops
+    cut_after_chunks: int | None = None  # stream: events sent before the stream ends
+    done_after_cut: bool = False  # stream: a cut stream still ends with `data: [DONE]`
+
+
+@dataclass
+class Exchange:
+    api: str  # "native" or "openai"
+    flavor: str  # "sglang" or "vllm": whose error shapes the route speaks
+    endpoint: str
+    stream: bool
+    generation: Generation
+    weight_version: str
+    context_length: int
+    tokenizer: ByteBPETokenizer
+    rng: random.Random = field(default_factory=random.Random)  # seeded per (plan, rule, attempt)
+    logprob_entries: list[tuple[float | None, int]] | None = None  # (logprob, id) pairs, when a fault edits them
+    refusal_context: int | None = None  # answer a context-length 400 claiming this context length
+    content_type: str | None = None  # send the answer under this content type instead
+    corrupt_json: bool = False  # cut the JSON body (or one stream event) in the middle
+    omit_logprobs: bool = False  # logprobs were requested but the answer carries none
+    omit_weight_version: bool = False
+    omit_token_ids: bool = False  # OpenAI: no vLLM token-id fields
+    omit_finish_reason: bool = False  # stream: no event carries a finish reason
+    allow_nan: bool = False  # serialize NaN as the bare `NaN` token
+    queued_abort: bool = False  # aborted before prefill: the reduced body shape
+    replacement: Replacement | None = None
+    transport: Transport = field(default_factory=Transport)
+
+    def entries(self) -> list[tuple[float | None, int]]:
+        """The (logprob, id) pairs the answer will carry, materialized for editing."""
+        if self.logprob_entries is None:
+            logprobs = self.generation.logprobs or [0.0] * len(self.generation.output_ids)
+            self.logprob_entries = list(zip(logprobs, self.generation.output_ids))
+        return self.logprob_entries
+
+    def set_output(self, ids: list[int], text: str, finish: dict | None) -> None:
+        """Replace what the model said (ids, text, finish reason), with fresh logprobs."""
+        self.generation.output_ids = ids
+        self.generation.text = text
+        self.generation.finish_reason = finish
+        self.generation.logprobs = [-round(0.05 + self.rng.random(), 4) for _ in ids]
+        self.logprob_entries = None

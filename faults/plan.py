@@ -1,0 +1,171 @@
+"""Rules and plans: from TOML files (`faults/plans/*.toml`) or `--fault` specs.
+
+A rule is one fault with its parameters and a schedule; a plan is named rules plus a seed.
+A rule is written flat, the same way in both places: `fault` (the type), an optional `name`,
+schedule keys (`p`, `every`, `first`, `trajectories`, `groups`, `turns`, `attempts`, `window`,
+`endpoints`) and the fault's own parameters:
+
+    [[rules]]                                   --fault 'http_error:status=503,p=1/100'
+    fault = "http_error"
+    status = 503
+    p = "1/100"
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .base import Fault, FaultError, fault_class
+from .schedule import SCHEDULE_KEYS, Schedule, ScheduleError, parse_schedule
+
+PLANS_DIR = Path(__file__).with_name("plans")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    fault: Fault
+    schedule: Schedule
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "fault": self.fault.name, "params": self.fault.describe(),
+                "schedule": self.schedule.describe()}
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    seed: int
+    rules: tuple[Rule, ...]
+    description: str = ""
+    source: str | None = None
+
+    def scaled(self, factor: float) -> "Plan":
+        """Every probability rule's `p` multiplied by `factor` (fault-rate sweeps)."""
+        rules = tuple(Rule(r.name, r.fault, r.schedule.scaled(factor)) for r in self.rules)
+        return Plan(self.name, self.seed, rules, self.description, self.source)
+
+    def with_seed(self, seed: int) -> "Plan":
+        return Plan(self.name, seed, self.rules, self.description, self.source)
+
+
+class PlanError(ValueError):
+    """A plan that cannot be loaded; names the file and line (or the `--fault` spec)."""
+
+
+def make_rule(values: dict[str, Any], default_name: str) -> Rule:
+    """A rule from flat values: `fault`, `name`, schedule keys, fault parameters."""
+    values = dict(values)
+    kind = values.pop("fault", None)
+    if not isinstance(kind, str):
+        raise FaultError("a rule needs `fault`, the name of a fault type")
+    cls = fault_class(kind)
+    name = str(values.pop("name", default_name))
+    schedule_values = {k: values.pop(k) for k in list(values) if k in SCHEDULE_KEYS}
+    return Rule(name, cls.from_params(values), parse_schedule(schedule_values))
+
+
+def parse_spec(spec: str) -> dict[str, Any]:
+    """`name:key=value,key=value` -> flat rule values; a bare item extends the previous value."""
+    kind, _, rest = spec.partition(":")
+    values: dict[str, Any] = {"fault": kind.strip()}
+    last: str | None = None
+    for token in filter(None, (t.strip() for t in rest.split(","))):
+        if "=" in token:
+            last, _, value = token.partition("=")
+            last = last.strip()
+            values[last] = value.strip()
+        elif last is not None:
+            values[last] = f"{values[last]},{token}"
+        else:
+            raise PlanError(f"--fault {spec!r}: expected key=value after ':', got {token!r}")
+    return values
+
+
+def rule_from_spec(spec: str, index: int = 0) -> Rule:
+    try:
+        values = parse_spec(spec)
+        return make_rule(values, f"{values['fault']}#{index}")
+    except (FaultError, ScheduleError) as error:
+        raise PlanError(f"--fault {spec!r}: {error}") from None
+
+
+def plan_from_specs(specs: list[str], seed: int, name: str = "command-line") -> Plan:
+    return Plan(name, seed, tuple(rule_from_spec(s, i) for i, s in enumerate(specs)))
+
+
+def _rule_lines(text: str) -> list[int]:
+    return [n for n, line in enumerate(text.splitlines(), start=1) if re.match(r"\s*\[\[\s*rules\s*\]\]", line)]
+
+
+def _key_line(text: str, start: int, key: str) -> int:
+    lines = text.splitlines()
+    for number in range(start, len(lines) + 1):
+        line = lines[number - 1]
+        if number > start and re.match(r"\s*\[", line):
+            break
+        if re.match(rf"\s*{re.escape(key)}\s*=", line):
+            return number
+    return start
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Load a TOML plan; every problem names the file and line."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = re.search(r"line (\d+)", str(error))
+        raise PlanError(f"{path}:{line.group(1) if line else 1}: not valid TOML ({error})") from None
+    unknown = set(data) - {"name", "seed", "description", "rules"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise PlanError(f"{path}:{_key_line(text, 1, key)}: unknown plan key {key!r}; "
+                        "valid: name, seed, description, rules")
+    seed = data.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise PlanError(f"{path}:{_key_line(text, 1, 'seed')}: seed must be an integer, got {seed!r}")
+    starts = _rule_lines(text)
+    rules = []
+    for index, values in enumerate(data.get("rules", [])):
+        start = starts[index] if index < len(starts) else 1
+        try:
+            rules.append(make_rule(values, f"{values.get('fault', 'rule')}#{index}"))
+        except ScheduleError as error:
+            raise PlanError(f"{path}:{_key_line(text, start, error.key)}: rule {index}: {error}") from None
+        except FaultError as error:
+            key = _offending_key(str(error), values)
+            raise PlanError(f"{path}:{_key_line(text, start, key)}: rule {index}: {error}") from None
+    names = [r.name for r in rules]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate:
+        raise PlanError(f"{path}: rule name {duplicate!r} is used twice")
+    return Plan(str(data.get("name", path.stem)), seed, tuple(rules), str(data.get("description", "")), str(path))
+
+
+def _offending_key(message: str, values: dict[str, Any]) -> str:
+    quoted = re.findall(r"'([^']+)'", message)
+    for key in quoted:
+        if key in values:
+            return key
+    return "fault"
+
+
+def shipped_plans() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(PLANS_DIR.glob("*.toml"))}
+
+
+def resolve_plan(spec: str) -> Plan:
+    """A plan argument: a TOML path or a shipped plan name."""
+    path = Path(spec)
+    if path.exists():
+        return load_plan(path)
+    plans = shipped_plans()
+    if spec in plans:
+        return load_plan(plans[spec])
+    raise PlanError(f"plan {spec!r}: no such file, and not a shipped plan ({', '.join(plans) or 'none'})")

@@ -1,0 +1,165 @@
+"""When a rule fires: a pure function of (plan seed, rule, trajectory, turn, attempt).
+
+Nothing here reads a counter or the arrival order, so a run under any concurrency fires the
+same events as a serial one. The one exception is `window`, which is time on purpose (an
+outage lasting T seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+SCHEDULE_KEYS = ("p", "every", "first", "trajectories", "groups", "turns", "attempts", "window", "endpoints")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a decision is about: one attempt at one turn of one trajectory, at one endpoint."""
+
+    trajectory: str  # trajectory id, or a digest of the request when no trajectory matched
+    index: int | None  # the trajectory's position in the trace
+    group: str | None
+    turn: int
+    attempt: int
+    endpoint: str
+
+
+def uniform(seed: int, rule: str, target: Target) -> float:
+    """A number in [0, 1) fixed by the seed, the rule and the attempt's identity."""
+    key = f"{seed}\x00{rule}\x00{target.trajectory}\x00{target.turn}\x00{target.attempt}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Conditions that must all hold for a rule to fire; an empty schedule always fires."""
+
+    p: Fraction | None = None
+    every: int | None = None
+    first: int | None = None
+    trajectories: frozenset[str] | None = None
+    groups: frozenset[str] | None = None
+    turns: frozenset[int] | None = None
+    attempts: frozenset[int] | None = None
+    window: tuple[float, float] | None = None  # seconds since the server started, [start, end)
+    endpoints: frozenset[str] | None = None
+
+    def fires(self, seed: int, rule: str, target: Target, elapsed: float) -> bool:
+        if self.endpoints is not None and target.endpoint not in self.endpoints:
+            return False
+        if self.trajectories is not None and target.trajectory not in self.trajectories:
+            return False
+        if self.groups is not None and target.group not in self.groups:
+            return False
+        if self.turns is not None and target.turn not in self.turns:
+            return False
+        if self.attempts is not None and target.attempt not in self.attempts:
+            return False
+        if self.first is not None and target.attempt > self.first:
+            return False
+        if self.every is not None and (target.index is None or (target.index + 1) % self.every):
+            return False
+        if self.window is not None and not self.window[0] <= elapsed < self.window[1]:
+            return False
+        return self.p is None or uniform(seed, rule, target) < self.p
+
+    def scaled(self, factor: float) -> "Schedule":
+        """The same schedule with its probability multiplied (for fault-rate sweeps), capped at 1."""
+        if self.p is None:
+            return self
+        return Schedule(**{**self.__dict__, "p": min(Fraction(1), self.p * Fraction(factor).limit_denominator())})
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key in SCHEDULE_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = str(value) if isinstance(value, Fraction) else (
+                    sorted(value) if isinstance(value, frozenset) else value)
+        return out
+
+
+class ScheduleError(ValueError):
+    """A schedule value that cannot mean anything (names the key)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def _ints(key: str, value: Any) -> frozenset[int]:
+    """`3`, `[0, 2]`, `"0,2,5-7"` -> a set of ints."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    out: set[int] = set()
+    for item in items:
+        text = str(item).strip()
+        try:
+            if "-" in text.lstrip("-"):
+                low, high = text.split("-", 1)
+                out.update(range(int(low), int(high) + 1))
+            else:
+                out.add(int(text))
+        except ValueError:
+            raise ScheduleError(key, f"expected integers or ranges like 0,2,5-7; got {value!r}") from None
+    if not out or min(out) < 0:
+        raise ScheduleError(key, f"needs one or more non-negative integers; got {value!r}")
+    return frozenset(out)
+
+
+def _strings(key: str, value: Any) -> frozenset[str]:
+    items = value if isinstance(value, list) else str(value).split(",")
+    out = frozenset(str(i).strip() for i in items if str(i).strip())
+    if not out:
+        raise ScheduleError(key, "needs at least one name")
+    return out
+
+
+def _probability(value: Any) -> Fraction:
+    try:
+        p = Fraction(str(value)) if not isinstance(value, float) else Fraction(value).limit_denominator(10**9)
+    except (ValueError, ZeroDivisionError):
+        raise ScheduleError("p", f"expected a probability like 0.01 or 1/400; got {value!r}") from None
+    if not 0 < p <= 1:
+        raise ScheduleError("p", f"must be in (0, 1]; got {value!r}")
+    return p
+
+
+def _positive(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit() or int(value) < 1:
+        raise ScheduleError(key, f"must be a positive integer; got {value!r}")
+    return int(value)
+
+
+def _window(value: Any) -> tuple[float, float]:
+    items = value if isinstance(value, list) else str(value).split("-")
+    try:
+        start, end = (float(v) for v in items)
+    except (ValueError, TypeError):
+        raise ScheduleError("window", f"expected [start, end] seconds or 'start-end'; got {value!r}") from None
+    if not 0 <= start < end:
+        raise ScheduleError("window", f"needs 0 <= start < end; got {value!r}")
+    return start, end
+
+
+def parse_schedule(values: dict[str, Any]) -> Schedule:
+    """A Schedule from plan-file or command-line values (already split from fault parameters)."""
+    parsed: dict[str, Any] = {}
+    for key, value in values.items():
+        if key == "p":
+            parsed[key] = _probability(value)
+        elif key in ("every", "first"):
+            parsed[key] = _positive(key, value)
+        elif key in ("turns", "attempts"):
+            parsed[key] = _ints(key, value)
+        elif key in ("trajectories", "groups", "endpoints"):
+            parsed[key] = _strings(key, value)
+        elif key == "window":
+            parsed[key] = _window(value)
+        else:
+            raise ScheduleError(key, f"unknown schedule key; valid: {', '.join(SCHEDULE_KEYS)}")
+    if "attempts" in parsed and 0 in parsed["attempts"]:
+        raise ScheduleError("attempts", "attempts count from 1")
+    return Schedule(**parsed)
