@@ -6,6 +6,7 @@ a request can also force faults with the `X-Bench-Fault` header, for debugging.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ from .base import FaultError
 from .exchange import Exchange
 from .log import FaultEvent, FaultLog
 from .plan import Plan, PlanError, Rule, parse_spec, make_rule
-from .schedule import SCHEDULE_KEYS, Target
+from .schedule import SCHEDULE_KEYS, Target, uniform
 
 FAULT_HEADER = "X-Bench-Fault"
 EMPTY_PLAN = Plan("none", 0, ())
@@ -60,6 +61,7 @@ class FaultEngine:
         for rule in decision.rules:
             if exchange.api not in rule.fault.apis:
                 continue
+            exchange.rng = random.Random(uniform(self.plan.seed, rule.name, target))
             change = rule.fault.apply(exchange)
             self.log.append(FaultEvent(rule.name, rule.fault.name, target.trajectory, target.group, target.turn,
                                        target.attempt, target.endpoint, request_id, time.time(), change))

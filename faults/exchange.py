@@ -53,6 +53,7 @@ class Exchange:
     corrupt_json: bool = False  # cut the JSON body (or one stream event) in the middle
     omit_logprobs: bool = False  # logprobs were requested but the answer carries none
     omit_weight_version: bool = False
+    reported_weight_version: str | None = None  # report this instead of the server's version
     omit_token_ids: bool = False  # OpenAI: no vLLM token-id fields
     omit_finish_reason: bool = False  # stream: no event carries a finish reason
     allow_nan: bool = False  # serialize NaN as the bare `NaN` token

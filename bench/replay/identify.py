@@ -31,6 +31,7 @@ class Identity:
     turn: int | None
     attempt: int
     drift: str | None = None  # None | "context" | "extra_turn" | "unknown_prompt"
+    digest: str | None = None  # for unknown prompts: names the request in place of a trajectory id
 
     @property
     def key(self) -> tuple[str | None, int | None]:
@@ -93,7 +94,7 @@ class Identifier:
             return self._closest(groups, packed)
         digest = hashlib.blake2b(packed, digest_size=16).digest()
         self._unknown_attempts[digest] += 1
-        return Identity(None, None, None, self._unknown_attempts[digest], "unknown_prompt")
+        return Identity(None, None, None, self._unknown_attempts[digest], "unknown_prompt", digest.hex())
 
     def record_outcome(self, identity: Identity, succeeded: bool) -> None:
         """Tell the identifier how an attempt ended, so a retry is matched to the failed member."""

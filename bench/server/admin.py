@@ -76,6 +76,7 @@ async def update_weight_version(request: web.Request) -> web.Response:
     ctx = context_of(request)
     body = await _json_body(request)
     new = str(body.get("new_version", ""))
+    ctx.weight_update(request.path)
     if body.get("abort_all_requests", True):
         ctx.state.abort(abort_all=True)
     ctx.state.weight_version = new
@@ -85,6 +86,7 @@ async def update_weight_version(request: web.Request) -> web.Response:
 async def _update_weights(request: web.Request, message: str, extra: dict[str, Any]) -> web.Response:
     ctx = context_of(request)
     body = await _json_body(request)
+    ctx.weight_update(request.path)
     if body.get("abort_all_requests", False):
         ctx.state.abort(abort_all=True)
     if body.get("weight_version") is not None:

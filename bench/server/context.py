@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from aiohttp import web
+
+from faults import Exchange, FaultEngine, FaultEvent, Plan, Rule, Target
 
 from ..replay import GenerateParams, Generation, Identifier, Identity, TraceStore, build_generation, pack
 from ..tokenizer import ByteBPETokenizer
@@ -33,14 +36,48 @@ class ServerConfig:
 
 
 class ServerContext:
-    def __init__(self, config: ServerConfig, store: TraceStore, tokenizer: ByteBPETokenizer) -> None:
+    def __init__(self, config: ServerConfig, store: TraceStore, tokenizer: ByteBPETokenizer,
+                 plan: Plan | None = None) -> None:
         self.config = config
         self.store = store
         self.tokenizer = tokenizer
         self.identifier = Identifier(store)
         self.state = ServerState()
         self.log = RequestLog()
+        self.faults = FaultEngine(plan)
         self.url = ""
+
+    def target(self, identity: Identity, endpoint: str) -> Target:
+        """What fault schedules decide about: this attempt at this turn of this trajectory."""
+        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory else None
+        return Target(trajectory=identity.trajectory or f"request:{identity.digest}",
+                      index=trajectory.index if trajectory else None, group=identity.group,
+                      turn=identity.turn or 0, attempt=identity.attempt, endpoint=endpoint)
+
+    def exchange(self, generation: Generation, *, api: str, endpoint: str, stream: bool, rid: str,
+                 forced: tuple[Rule, ...] = ()) -> Exchange:
+        """The answer to send, after the fault plan (and any forced faults) had their say."""
+        flavor = "sglang" if api == "native" else self.config.openai_flavor
+        exchange = Exchange(api=api, flavor=flavor, endpoint=endpoint, stream=stream, generation=generation,
+                            weight_version=self.state.weight_version, context_length=self.config.context_length,
+                            tokenizer=self.tokenizer)
+        decision = self.faults.decide(self.target(generation.identity, endpoint), forced)
+        if decision.rules:
+            self.faults.apply(decision, exchange, rid)
+        return exchange
+
+    def weight_update(self, endpoint: str) -> None:
+        """A weight-version change: `abort_all_on_weight_update` rules abort everything in flight."""
+        rules = [r for r in self.faults.plan.rules if r.fault.on_weight_update]
+        if not rules:
+            return
+        for entry in list(self.state.inflight.values()):
+            if entry.identity is not None:
+                target = self.target(entry.identity, endpoint)
+                self.faults.log.append(FaultEvent(rules[0].name, rules[0].fault.name, target.trajectory, target.group,
+                                                  target.turn, target.attempt, endpoint, entry.rid, time.time(),
+                                                  "aborted by a weight update"))
+        self.state.abort(abort_all=True)
 
     def generate(self, ids: list[int], params: GenerateParams, hint: str | None) -> Generation:
         """Identify a request and build its (not yet paced) answer."""

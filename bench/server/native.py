@@ -1,4 +1,4 @@
-"""SGLang's native `POST /generate`: replayed answers, paced, abortable, streamed or not."""
+"""SGLang's native `POST /generate`: replayed answers, faulted per plan, paced, streamed or not."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from typing import Any
 
 from aiohttp import web
 
+from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
+
 from ..replay import Generation, context_error
-from . import wire
+from . import transport, wire
 from .context import TRAJECTORY_HEADER, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
@@ -17,11 +19,23 @@ from .playback import Choice, new_record, play, reject
 from .request_log import RequestRecord
 
 
+class _Rejection(ValueRejected):
+    """A ValueError after identification (context length, a recorded error): the attempt counts."""
+
+    def __init__(self, generation: Generation, message: str) -> None:
+        super().__init__(message)
+        self.generation = generation
+
+
 async def generate(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
     arrived = time.time()
     try:
+        forced = forced_rules(request.headers.get(FAULT_HEADER, ""))
         body = decode_body(await request.read())
+    except (FaultError, PlanError) as error:
+        _log_rejection(ctx, request, arrived, 400, str(error))
+        return wire.json_response({"error": {"message": str(error), "type": "bench_fault_header"}}, 400)
     except Rejected as rejected:
         _log_rejection(ctx, request, arrived, rejected.response.status, "malformed body")
         return rejected.response
@@ -34,22 +48,28 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except ValueRejected as error:
         _log_rejection(ctx, request, arrived, 200 if stream else 400, error.message)
         return await _stream_error(request, ctx, error.message) if stream else wire.value_error(error.message)
+    prepared = [_prepare(ctx, request, parsed, item, arrived, forced) for item in parsed.items]
+    exchanges = [p for p in prepared if isinstance(p, tuple)]
+    for _, _, exchange in exchanges:
+        if exchange.replacement is not None:
+            return transport.replacement_response(exchange.replacement)
+        if exchange.transport.reset and not (parsed.stream and exchange.transport.cut_after_chunks is not None):
+            return transport.drop_connection(request)
+    first = exchanges[0][2] if exchanges else None
+    if first is not None:
+        await transport.wait_before_answer(first)
     if parsed.stream:
-        return await _generate_stream(request, ctx, parsed, arrived)
-    results = await asyncio.gather(*(_run_whole(ctx, parsed, item, arrived, request) for item in parsed.items),
-                                   return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException) and not isinstance(result, ValueRejected):
-            raise result
-    errors = [r for r in results if isinstance(r, ValueRejected)]
+        return await _generate_stream(request, ctx, parsed, prepared, arrived)
+    errors = [p for p in prepared if isinstance(p, ValueRejected)]
     if errors:
         return wire.value_error(errors[0].message)
-    return wire.json_response(results if parsed.batch else results[0])
+    results = await asyncio.gather(*(_run_whole(ctx, parsed, item, record, exchange, arrived)
+                                     for item, record, exchange in exchanges))
+    return await transport.send_body(request, transport.encode(results if parsed.batch else results[0], first), first)
 
 
 def _log_rejection(ctx: ServerContext, request: web.Request, arrived: float, status: int, error: str) -> None:
-    ctx.log.append(RequestRecord(started=arrived, endpoint=request.path, status=status, error=error,
-                                 latency_s=round(time.time() - arrived, 6)))
+    reject(ctx, new_record(ctx, request.path, arrived), status, error, arrived)
 
 
 async def _stream_error(request: web.Request, ctx: ServerContext, message: str) -> web.StreamResponse:
@@ -66,45 +86,45 @@ async def _open_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _prepare(ctx: ServerContext, item: NativeItem) -> Generation:
-    """Identify and answer an item; SGLang's request-level checks raise ValueRejected."""
+def _prepare(ctx: ServerContext, request: web.Request, parsed: NativeRequest, item: NativeItem, arrived: float,
+             forced: tuple[Rule, ...]) -> tuple[NativeItem, RequestRecord, Exchange] | ValueRejected:
+    """Identify an item, let the fault plan act, then run SGLang's request checks."""
+    record = new_record(ctx, request.path, arrived, rid=item.rid, stream=parsed.stream, prompt_tokens=len(item.ids))
     if item.rid in ctx.state.inflight:
-        raise ValueRejected(f"Duplicate request ID detected: {item.rid}")
+        message = f"Duplicate request ID detected: {item.rid}"
+        reject(ctx, record, 200 if parsed.stream else 400, message, arrived)
+        return ValueRejected(message)
     generation = ctx.generate(item.ids, item.params, item.hint)
+    identity = generation.identity
+    record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
+    record.attempt, record.drift = identity.attempt, identity.drift
+    exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=parsed.stream, rid=item.rid,
+                            forced=forced)
+    if exchange.replacement is not None:
+        reject(ctx, record, exchange.replacement.status, "fault replacement", arrived, generation)
+        return item, record, exchange
     max_new = 128 if item.params.max_new_tokens is None else item.params.max_new_tokens
-    problem = context_error(len(item.ids), max_new, ctx.config.context_length,
+    problem = context_error(len(item.ids), max_new, exchange.refusal_context or ctx.config.context_length,
                             legacy=ctx.config.profile.legacy_context_check)
     if problem is None and generation.is_error:
         problem = generation.error_message or "error"
     if problem is not None:
-        ctx.identifier.record_outcome(generation.identity, succeeded=False)
-        raise _Rejection(generation, problem)
-    return generation
+        reject(ctx, record, 200 if parsed.stream else 400, problem, arrived, generation)
+        return _Rejection(generation, problem)
+    return item, record, exchange
 
 
-class _Rejection(ValueRejected):
-    def __init__(self, generation: Generation, message: str) -> None:
-        super().__init__(message)
-        self.generation = generation
-
-
-def _record(ctx: ServerContext, item: NativeItem, arrived: float, stream: bool,
-            generation: Generation | None, endpoint: str) -> RequestRecord:
-    return new_record(ctx, endpoint, arrived, rid=item.rid, stream=stream, prompt_tokens=len(item.ids),
-                      generation=generation)
-
-
-async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, arrived: float,
-                     request: web.Request) -> dict[str, Any]:
-    try:
-        generation = _prepare(ctx, item)
-    except ValueRejected as rejection:
-        record = _record(ctx, item, arrived, False, getattr(rejection, "generation", None), request.path)
-        reject(ctx, record, 400, rejection.message, arrived)
-        raise
-    record = _record(ctx, item, arrived, False, generation, request.path)
+async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, record: RequestRecord,
+                     exchange: Exchange, arrived: float) -> dict[str, Any]:
+    generation = exchange.generation
+    await asyncio.sleep(exchange.transport.first_token_delay)
+    formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version, exchange)
+    if exchange.queued_abort:
+        reject(ctx, record, 200, "aborted in the waiting queue", arrived, generation)
+        record.finish = "abort"
+        return formatter.queued_abort(item.rid, time.time() - arrived)
     played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record), arrived)
-    formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version)
+    formatter.weight_version = ctx.state.weight_version
     e2e = time.time() - arrived
     if played.queued:
         return formatter.queued_abort(item.rid, e2e)
@@ -113,49 +133,73 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
     return formatter.item(generation, item.rid, item.ids, e2e=e2e)
 
 
+class _StreamCut(Exception):
+    """A `stream_cut` fault ended the stream."""
+
+
 async def _generate_stream(request: web.Request, ctx: ServerContext, parsed: NativeRequest,
-                           arrived: float) -> web.StreamResponse:
-    response: web.StreamResponse | None = None
-    for item in parsed.items:
-        try:
-            generation = _prepare(ctx, item)
-        except ValueRejected as rejection:
-            record = _record(ctx, item, arrived, True, getattr(rejection, "generation", None), request.path)
-            reject(ctx, record, 200, rejection.message, arrived)
-            response = response or await _open_stream(request)
-            await response.write(wire.stream_error_event(ctx.config.profile, rejection.message))
-            continue
-        response = response or await _open_stream(request)
-        await _stream_item(ctx, parsed, item, generation, response, arrived, request.path)
-    response = response or await _open_stream(request)
+                           prepared: list[Any], arrived: float) -> web.StreamResponse:
+    response = await _open_stream(request)
+    cut: Exchange | None = None
+    try:
+        for entry in prepared:
+            if isinstance(entry, ValueRejected):
+                await response.write(wire.stream_error_event(ctx.config.profile, entry.message))
+                continue
+            item, record, exchange = entry
+            if exchange.transport.cut_after_chunks is not None:
+                cut = exchange
+            await _stream_item(ctx, parsed, item, record, exchange, response, arrived)
+    except _StreamCut:
+        assert cut is not None
+        if cut.transport.reset:
+            return transport.drop_connection(request)
+        if cut.transport.done_after_cut:
+            await response.write(wire.SSE_DONE)
+        await response.write_eof()
+        return response
     await response.write(wire.SSE_DONE)
     await response.write_eof()
     return response
 
 
-async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, generation: Generation,
-                       response: web.StreamResponse, arrived: float, endpoint: str) -> None:
-    """One chunk per token (cumulative, or deltas with incremental streaming); the last one finishes."""
-    record = _record(ctx, item, arrived, True, generation, endpoint)
-    formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version)
+async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, record: RequestRecord,
+                       exchange: Exchange, response: web.StreamResponse, arrived: float) -> None:
+    """One event per token (cumulative, or deltas with incremental streaming); the last one finishes."""
+    generation = exchange.generation
+    formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version, exchange)
     incremental = ctx.config.incremental_streaming
     total = len(generation.output_ids)
     sent = 0
+    events = 0
+    corrupt = exchange.corrupt_json
 
     async def send(chunk: dict[str, Any]) -> None:
+        nonlocal events, corrupt
+        if exchange.transport.cut_after_chunks is not None and events >= exchange.transport.cut_after_chunks:
+            raise _StreamCut
         if parsed.batch:
             chunk["index"] = item.index
-        await response.write(wire.sse(chunk))
+        body = transport.encode(chunk, exchange, corrupt=corrupt)
+        corrupt = False  # one broken event is enough
+        await response.write(b"data: " + body + b"\n\n")
+        events += 1
 
     async def on_token(count: int) -> None:
         nonlocal sent
         formatter.weight_version = ctx.state.weight_version
-        final = count == total
+        final = count == total and not exchange.omit_finish_reason
         await send(formatter.item(generation, item.rid, item.ids, upto=count, finish=True if final else None,
                                   e2e=time.time() - arrived if final else None, first=count == 1,
                                   incremental_from=sent if incremental else 0))
         sent = count
 
+    await asyncio.sleep(exchange.transport.first_token_delay)
+    if exchange.queued_abort:
+        reject(ctx, record, 200, "aborted in the waiting queue", arrived, generation)
+        record.finish = "abort"
+        await send(formatter.queued_abort(item.rid, time.time() - arrived))
+        return
     played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record), arrived, on_token)
     if played.queued:
         await send(formatter.queued_abort(item.rid, time.time() - arrived))

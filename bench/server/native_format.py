@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from faults.exchange import Exchange
+
 from ..replay import Generation
 from ..tokenizer import ByteBPETokenizer
 from .native_request import NativeRequest
@@ -29,11 +31,12 @@ class NativeFormatter:
     """Builds `/generate` items for one request under one profile."""
 
     def __init__(self, profile: SglangProfile, tokenizer: ByteBPETokenizer, request: NativeRequest,
-                 weight_version: str) -> None:
+                 weight_version: str, exchange: Exchange | None = None) -> None:
         self.profile = profile
         self.tokenizer = tokenizer
         self.request = request
         self.weight_version = weight_version
+        self.exchange = exchange  # fault overrides: omitted keys, edited logprobs, reported version
 
     def item(self, generation: Generation, rid: str, prompt_ids: list[int], *, upto: int | None = None,
              finish: dict[str, Any] | None | bool = True, e2e: float | None = None, first: bool = True,
@@ -59,15 +62,22 @@ class NativeFormatter:
               reason: Any, e2e: float | None, first: bool) -> dict[str, Any]:
         profile, request = self.profile, self.request
         meta: dict[str, Any] = {"id": rid, "finish_reason": reason, "prompt_tokens": generation.prompt_tokens}
-        if profile.weight_version:
-            meta["weight_version"] = self.weight_version
+        exchange = self.exchange
+        if profile.weight_version and not (exchange and exchange.omit_weight_version):
+            meta["weight_version"] = self._version()
         if profile.retractions_key:
             meta[profile.retractions_key] = 0
-        if request.return_logprob:
+        if request.return_logprob and not (exchange and exchange.omit_logprobs):
             meta["input_token_logprobs"] = self._input_logprobs(prompt_ids)
-            logprobs = generation.logprobs or []
-            meta["output_token_logprobs"] = _triples(ids, logprobs[start:count], self.tokenizer,
-                                                     request.return_text_in_logprobs)
+            if exchange is not None and exchange.logprob_entries is not None:
+                end = None if count == len(generation.output_ids) else count
+                pairs = exchange.logprob_entries[start:end]
+                meta["output_token_logprobs"] = _triples([i for _, i in pairs], [lp for lp, _ in pairs],
+                                                         self.tokenizer, request.return_text_in_logprobs)
+            else:
+                logprobs = generation.logprobs or []
+                meta["output_token_logprobs"] = _triples(ids, logprobs[start:count], self.tokenizer,
+                                                         request.return_text_in_logprobs)
             if profile.output_logprobs_length:
                 meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
             if request.top_logprobs_num > 0:
@@ -86,6 +96,10 @@ class NativeFormatter:
             meta["response_sent_to_client_ts"] = round(time.time(), 4)
         return meta
 
+    def _version(self) -> str:
+        reported = self.exchange.reported_weight_version if self.exchange else None
+        return reported or self.weight_version
+
     def _input_logprobs(self, prompt_ids: list[int]) -> list[list[Any]]:
         start = self.request.logprob_start_len
         if start < 0:
@@ -103,7 +117,7 @@ class NativeFormatter:
         reason = {"type": "abort", "message": "Abort in waiting queue"}
         meta: dict[str, Any] = {"id": rid, "finish_reason": reason}
         if profile.queued_abort == "waiting_queue":
-            meta["weight_version"] = self.weight_version
+            meta["weight_version"] = self._version()
             meta["e2e_latency"] = round(e2e, 4)
         if logprobs:
             meta["input_token_logprobs"] = []

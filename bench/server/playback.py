@@ -72,7 +72,7 @@ def _finish(ctx: ServerContext, choice: Choice, arrived: float, count: int, abor
 async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnToken | None = None) -> Played:
     """Wait out the choice's timing; with `on_token`, announce each token as it is produced."""
     generation = choice.generation
-    entry = ctx.state.register(choice.rid)
+    entry = ctx.state.register(choice.rid, generation.identity)
     pacer = Pacer(ctx.state, entry)
     scale = ctx.config.time_scale
     total = len(generation.output_ids)

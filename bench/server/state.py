@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
 class InFlight:
     rid: str
+    identity: Any = None  # the request's replay Identity, for fault events raised while it runs
     started: float = field(default_factory=time.monotonic)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: bool = False
@@ -37,8 +39,8 @@ class ServerState:
     def busy(self) -> bool:
         return bool(self.inflight) or self.waiting > 0
 
-    def register(self, rid: str) -> InFlight:
-        entry = InFlight(rid)
+    def register(self, rid: str, identity: Any = None) -> InFlight:
+        entry = InFlight(rid, identity)
         self.inflight[rid] = entry
         return entry
 

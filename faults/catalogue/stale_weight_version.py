@@ -20,5 +20,5 @@ class StaleWeightVersion(Fault):
     def apply(self, exchange: Exchange) -> str:
         current = exchange.weight_version
         stale = str(max(0, int(current) - self.behind)) if current.isdigit() else f"{current}-stale{self.behind}"
-        exchange.weight_version = stale
+        exchange.reported_weight_version = stale
         return f"weight_version {current} -> {stale}"

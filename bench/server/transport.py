@@ -1,0 +1,64 @@
+"""Transport faults on a real aiohttp connection: resets, truncated bodies, cut streams, stalls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from faults import Exchange, Replacement
+
+from . import wire
+
+
+def drop_connection(request: web.Request) -> web.StreamResponse:
+    """Close the socket at once, no answer; the returned response is never sent."""
+    if request.transport is not None:
+        request.transport.abort()
+    raise asyncio.CancelledError  # aiohttp treats the request as abandoned, not as a server error
+
+
+def encode(obj: Any, exchange: Exchange | None, *, corrupt: bool | None = None) -> bytes:
+    """JSON bytes of a body, honouring NaN (bare `NaN`) and cut-JSON faults.
+
+    `corrupt` overrides the exchange's `corrupt_json` (a stream breaks only one event).
+    """
+    if exchange is not None and exchange.allow_nan:
+        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    else:
+        body = wire.dumps(obj)
+    if corrupt if corrupt is not None else (exchange is not None and exchange.corrupt_json):
+        body = body[: max(1, len(body) // 2)]
+    return body
+
+
+def replacement_response(replacement: Replacement) -> web.Response:
+    response = web.Response(body=replacement.body, status=replacement.status, headers=replacement.headers)
+    if replacement.content_type is None:
+        response.headers.pop("Content-Type", None)
+    else:
+        response.content_type = replacement.content_type
+    return response
+
+
+async def send_body(request: web.Request, body: bytes, exchange: Exchange | None,
+                    content_type: str = wire.JSON) -> web.StreamResponse:
+    """Send a whole JSON body, or only part of it when a `truncated_body` fault says so."""
+    if exchange is not None and exchange.content_type:
+        content_type = exchange.content_type
+    keep = exchange.transport.truncate_at if exchange is not None else None
+    if keep is None:
+        return web.Response(body=body, content_type=content_type)
+    response = web.StreamResponse(headers={"Content-Type": content_type})
+    response.content_length = len(body)
+    await response.prepare(request)
+    await response.write(body[: int(len(body) * keep)])
+    return drop_connection(request)
+
+
+async def wait_before_answer(exchange: Exchange) -> None:
+    """Latency and stall faults: nothing is sent meanwhile (a stalled client gives up first)."""
+    if exchange.transport.delay > 0:
+        await asyncio.sleep(exchange.transport.delay)
