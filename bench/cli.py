@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -51,10 +52,38 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from .server.serve import serve
 
-    return asyncio.run(serve(args.trace, host=args.host, port=args.port, log_dir=args.log_dir,
+    plan = build_plan(args.plan, args.fault, args.seed)
+    return asyncio.run(serve(args.trace, host=args.host, port=args.port, log_dir=args.log_dir, plan=plan,
                              sglang_version=args.sglang_version, time_scale=args.time_scale,
                              router_version=args.router_version, openai_flavor=args.openai_flavor,
                              incremental_streaming=args.incremental_streaming_output))
+
+
+def build_plan(plan_spec: str | None, fault_specs: list[str] | None, seed: int | None):  # type: ignore[no-untyped-def]
+    """The run's fault plan: a plan file or shipped name, plus `--fault` rules; `--seed` overrides."""
+    from faults import Plan, plan_from_specs, resolve_plan
+
+    plan = resolve_plan(plan_spec) if plan_spec else None
+    extra = plan_from_specs(fault_specs or [], seed if seed is not None else (plan.seed if plan else 0))
+    if plan is None:
+        return extra if fault_specs else None
+    combined = Plan(plan.name, plan.seed, plan.rules + extra.rules, plan.description, plan.source)
+    return combined.with_seed(seed) if seed is not None else combined
+
+
+def _cmd_faults(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from faults import FAULTS, fault_class, shipped_plans
+
+    fault_class("abort")  # registers the catalogue
+    for name, cls in sorted(FAULTS.items()):
+        params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        print(f"{name:<28} {cls.category:<9} {params}")
+        print(f"{'':<28} {doc.removeprefix(f'`{name}`: ')}")
+    print("\nshipped plans: " + ", ".join(shipped_plans()))
+    return 0
 
 
 def _cmd_tokenizer(args: argparse.Namespace) -> int:
@@ -115,15 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="shape of the OpenAI-compatible routes")
     serve.add_argument("--incremental-streaming-output", action="store_true",
                        help="stream deltas instead of cumulative chunks, as SGLang's flag of that name")
-    serve.add_argument("--log-dir", help="write the request log (requests.csv) here on shutdown")
+    serve.add_argument("--plan", help="fault plan: a TOML file or a shipped plan name (see `rollout-bench faults`)")
+    serve.add_argument("--fault", action="append", metavar="SPEC",
+                       help="a fault rule, e.g. 'missing_logprobs:p=1/400' (repeatable; added to --plan)")
+    serve.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
+    serve.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
     serve.set_defaults(run=_cmd_serve)
 
+    sub.add_parser("faults", help="list the fault types, their parameters and the shipped plans").set_defaults(
+        run=_cmd_faults)
     sub.add_parser("tokenizer", help="print the shipped tokenizer folder").set_defaults(run=_cmd_tokenizer)
     sub.add_parser("traces", help="list the shipped traces").set_defaults(run=_cmd_traces)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from faults import FaultError, PlanError
+
     from .synth import SynthError
     from .trace import TraceFormatError
 
@@ -131,10 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
-    except (TraceFormatError, SynthError, FileNotFoundError, KeyError, ValueError, OSError) as error:
+    except (TraceFormatError, SynthError, PlanError, FaultError, FileNotFoundError, KeyError, ValueError,
+            OSError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"rollout-bench: error: {message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and friends
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except KeyboardInterrupt:
         print("rollout-bench: interrupted", file=sys.stderr)
         return 130

@@ -193,13 +193,7 @@ async def detokenize(request: web.Request) -> web.Response:
     return wire.json_response({"text": ctx.tokenizer.decode(body.get("tokens") or [])})
 
 
-async def bench_requests(request: web.Request) -> web.Response:
-    """Bench control: the request log so far, for a harness in another process."""
-    return wire.json_response(context_of(request).log.as_dicts())
-
-
 def add_admin_routes(app: web.Application) -> None:
-    app.router.add_get("/bench/requests", bench_requests)
     for path in ("/health", "/health_generate"):
         app.router.add_get(path, health)
     for path in ("/model_info", "/get_model_info"):

@@ -10,11 +10,14 @@ from typing import Any
 
 from aiohttp import web
 
+from faults import Plan, resolve_plan
+
 from ..paths import DEFAULT_TRACE, resolve_trace
 from ..replay import TraceStore
 from ..tokenizer import TOKENIZER_NAME, load_tokenizer
 from . import native
 from .admin import add_admin_routes
+from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
 from .profiles import DEFAULT_PROFILE, get_profile
 from .request_log import RequestLog, RequestRecord
@@ -49,6 +52,7 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_route("POST", "/generate", native.generate)
     app.router.add_route("PUT", "/generate", native.generate)
     add_admin_routes(app)
+    add_bench_routes(app)
     add_router_routes(app)
     try:
         from .openai_routes import add_openai_routes
@@ -60,8 +64,8 @@ def create_app(ctx: ServerContext) -> web.Application:
 
 
 def load_context(trace: str | Path = DEFAULT_TRACE, *, sglang_version: str = DEFAULT_PROFILE,
-                 time_scale: float = 0.0, **options: Any) -> ServerContext:
-    """Load a trace and build the server's shared context."""
+                 time_scale: float = 0.0, plan: Plan | str | None = None, **options: Any) -> ServerContext:
+    """Load a trace (and a fault plan: a Plan, a TOML path or a shipped plan name) into a server context."""
     if time_scale < 0:
         raise ValueError(f"time scale must be >= 0, got {time_scale}")
     store = TraceStore.load(resolve_trace(str(trace)))
@@ -70,7 +74,9 @@ def load_context(trace: str | Path = DEFAULT_TRACE, *, sglang_version: str = DEF
                          f"the server can only adapt traces in {TOKENIZER_NAME!r} for now")
     config = ServerConfig(profile=get_profile(sglang_version), model=store.header.model,
                           context_length=store.header.context_length, time_scale=time_scale, **options)
-    return ServerContext(config, store, load_tokenizer())
+    if isinstance(plan, str):
+        plan = resolve_plan(plan)
+    return ServerContext(config, store, load_tokenizer(), plan)
 
 
 class BenchServer:

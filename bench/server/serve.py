@@ -20,8 +20,10 @@ async def serve(trace: str, *, host: str, port: int, log_dir: str | None = None,
         loop.add_signal_handler(signum, stop.set)
     config = server.context.config
     url = await server.start()
+    plan = server.context.faults.plan
     print(f"rollout-bench serving {server.context.store.path} at {url} "
           f"(SGLang {config.profile.version}, time scale {config.time_scale})", flush=True)
+    print(f"fault plan {plan.name!r}: {len(plan.rules)} rules, seed {plan.seed}", flush=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: bound to {host}, reachable beyond this machine", file=sys.stderr, flush=True)
     try:
@@ -30,9 +32,14 @@ async def serve(trace: str, *, host: str, port: int, log_dir: str | None = None,
         await server.stop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-    print(f"stopped after {len(server.log)} requests", flush=True)
+    faults = server.context.faults
+    print(f"stopped after {len(server.log)} requests, {len(faults.log)} fault events", flush=True)
+    silent = faults.never_fired()
+    if silent:
+        print(f"rules that never fired: {', '.join(silent)}", flush=True)
     if log_dir:
         folder = Path(log_dir)
         folder.mkdir(parents=True, exist_ok=True)
         print(f"request log: {server.log.write_csv(folder / 'requests.csv')}", flush=True)
+        print(f"fault log: {faults.log.write_csv(folder / 'faults.csv')}", flush=True)
     return 0
