@@ -168,14 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
+    except BrokenPipeError:  # output piped into `head` and friends
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except (TraceFormatError, SynthError, PlanError, FaultError, FileNotFoundError, KeyError, ValueError,
             OSError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"rollout-bench: error: {message}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # output piped into `head` and friends
-        sys.stdout = open(os.devnull, "w")
-        return 0
     except KeyboardInterrupt:
         print("rollout-bench: interrupted", file=sys.stderr)
         return 130
