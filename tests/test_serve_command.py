@@ -43,3 +43,28 @@ def test_serve_rejects_a_bad_trace(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "bench", "serve", "--trace", str(bad), "--port", "0"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and f"{bad}:1: schema_version" in run.stderr
+
+
+def test_serve_with_a_plan_and_faults_writes_the_fault_log(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-m", "bench", "serve", "--trace", "rlvr-500", "--port", "0",
+                                "--plan", "seed-001", "--fault", "http_error:status=503,turns=0", "--seed", "11",
+                                "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"at (http://[\d.:]+) ", process.stdout.readline()).group(1)  # type: ignore[union-attr]
+        assert process.stdout.readline().strip() == "fault plan 'seed-001': 2 rules, seed 11"  # type: ignore[union-attr]
+        assert request(url, "/generate", {"text": "hello"}).status == 503
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=15)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    faults = pd.read_csv(tmp_path / "faults.csv")
+    assert f"stopped after 1 requests, {len(faults)} fault events" in out
+    assert "http_error" in set(faults["fault"]) and set(faults["turn"]) == {0}
+    assert ("rules that never fired: stale-policy" in out) == ("stale_weight_version" not in set(faults["fault"]))
+
+
+def test_serve_rejects_an_unknown_fault() -> None:
+    run = subprocess.run([sys.executable, "-m", "bench", "serve", "--fault", "nope", "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "unknown fault 'nope'; valid faults: abort" in run.stderr
