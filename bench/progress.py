@@ -16,3 +16,18 @@ def progress(items: Iterable[T], *, total: int | None, desc: str, enabled: bool 
         yield from items
         return
     yield from tqdm(items, total=total, desc=desc, unit="traj", file=sys.stderr, leave=False)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(*, total: int, desc: str, enabled: bool = True) -> "tqdm | _NoBar":
+    """A manual progress bar (call `update`), or a silent stand-in when nobody is watching."""
+    if not enabled or not sys.stderr.isatty():
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="traj", file=sys.stderr)

@@ -50,6 +50,8 @@ class RecordedTrajectory:
     prompt_len: int
     prompt_messages: list[dict[str, Any]] | None
     prompt_tools: list[dict[str, Any]] | None
+    prompt_text: str
+    first_sampling_params: dict[str, Any]  # what turn 0 asked for, for targets replaying the prompt
     sequences: list[bytes]
     turns: list[RecordedTurn]
 
@@ -98,7 +100,9 @@ def _recorded(trajectory: Trajectory, index: int, member: int) -> RecordedTrajec
     return RecordedTrajectory(
         id=trajectory.id, group_id=trajectory.group_id, index=index, member=member,
         prompt_len=len(trajectory.prompt.ids), prompt_messages=trajectory.prompt.messages,
-        prompt_tools=trajectory.prompt.tools, sequences=[pack(s) for s in sequences], turns=turns,
+        prompt_tools=trajectory.prompt.tools, prompt_text=trajectory.prompt.text,
+        first_sampling_params=trajectory.turns[0].request.sampling_params if trajectory.turns else {},
+        sequences=[pack(s) for s in sequences], turns=turns,
     )
 
 

@@ -1,0 +1,26 @@
+"""Accounting: every dispatched trajectory ends in exactly one outcome; every fault event is accounted for."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .base import RunView, Violation
+
+NAME = "accounting"
+
+
+def check(view: RunView) -> list[Violation]:
+    out = []
+    counts = Counter(r.trajectory for r in view.records)
+    for trajectory in view.dispatched:
+        if counts[trajectory] != 1:
+            out.append(Violation(NAME, trajectory, f"{counts[trajectory]} outcomes for one trajectory",
+                                 {"outcomes": counts[trajectory]}))
+    for trajectory in counts:
+        if trajectory not in view.dispatched:
+            out.append(Violation(NAME, trajectory, "an outcome for a trajectory never dispatched", {}))
+    for event in view.fault_events:
+        if event.trajectory not in view.dispatched and not event.trajectory.startswith("request:"):
+            out.append(Violation(NAME, event.trajectory, f"fault event {event.rule} on an undispatched trajectory",
+                                 {"rule": event.rule}))
+    return out

@@ -1,0 +1,49 @@
+"""Run reports: tidy tables, `summary.json`, PNG plots and JUnit XML in one folder.
+
+`write_report(result, folder)` writes them; `load(folder)` reads them back as DataFrames for
+notebooks; `rollout-bench report DIR` re-renders the plots and prints the summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..runner import RunResult
+from .junit import write_junit
+from .plots import write_plots
+from .summary import format_summary, summarize
+from .tables import frames, read_tables, write_tables
+
+
+def write_report(result: RunResult, folder: str | Path, junit: str | Path | None = None) -> dict[str, Any]:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tables = frames(result)
+    write_tables(tables, folder)
+    summary = summarize(result, tables)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    write_plots(tables, folder)
+    write_junit(result, Path(junit) if junit else folder / "junit.xml")
+    return summary
+
+
+def load(folder: str | Path) -> dict[str, Any]:
+    """The run's tables (`trajectories`, `requests`, `faults`) as DataFrames, plus `summary`."""
+    folder = Path(folder)
+    out: dict[str, Any] = dict(read_tables(folder))
+    out["summary"] = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    return out
+
+
+def rerender(folder: str | Path) -> dict[str, Any]:
+    """Redraw a report folder's plots from its tables; returns its summary."""
+    loaded = load(folder)
+    write_plots({k: v for k, v in loaded.items() if isinstance(v, pd.DataFrame)}, Path(folder))
+    return loaded["summary"]  # type: ignore[no-any-return]
+
+
+__all__ = ["format_summary", "load", "rerender", "write_report"]

@@ -1,0 +1,94 @@
+"""`summary.json`: what a run was and what it found, in one small document."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+from typing import Any
+
+import pandas as pd
+
+from .. import __version__
+from ..runner import RunResult
+from ..targets import DROPPED_OUTCOMES, OUTCOMES
+
+
+def _versions() -> dict[str, str]:
+    out = {"rollout-bench": __version__, "python": platform.python_version()}
+    for package in ("aiohttp", "pandas", "msgspec"):
+        out[package] = importlib.metadata.version(package)
+    return out
+
+
+def _quantiles(series: pd.Series) -> dict[str, float | None]:
+    clean = series.dropna()
+    return {f"p{q}": (round(float(clean.quantile(q / 100)), 6) if len(clean) else None) for q in (50, 90, 99)}
+
+
+def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, Any]:
+    trajectories, requests = tables["trajectories"], tables["requests"]
+    n = len(trajectories)
+    outcomes = {name: int((trajectories["outcome"] == name).sum()) for name in OUTCOMES}
+    dropped = trajectories["outcome"].isin(DROPPED_OUTCOMES)
+    by_fault: dict[str, dict[str, float | int]] = {}
+    for fault in sorted({f for cell in trajectories["faults"].fillna("") for f in str(cell).split(",") if f}):
+        hit = trajectories["faults"].fillna("").str.split(",").apply(lambda names, f=fault: f in names)
+        by_fault[fault] = {"trajectories": int(hit.sum()), "drop_rate": round(float(dropped[hit].mean()), 6)}
+    turns = requests.dropna(subset=["trajectory"]).drop_duplicates(["trajectory", "turn"])
+    duration = max(result.duration_s, 1e-9)
+    plan = result.config.plan
+    return {
+        "seed": plan.seed if plan else None,
+        "plan": plan.name if plan else None,
+        "plan_source": plan.source if plan else None,
+        "trace": result.trace_path,
+        "target": result.target,
+        "versions": _versions(),
+        "started": result.started,
+        "duration_s": round(result.duration_s, 4),
+        "trajectories": n,
+        "outcomes": outcomes,
+        "drop_rate": round(float(dropped.mean()), 6) if n else 0.0,
+        "drop_rate_by_fault": by_fault,
+        "batch_error": None if result.batch_error is None else {
+            "type": result.batch_error.type, "message": result.batch_error.message},
+        "hang": None if result.hang is None else {"idle_s": result.hang.idle_s,
+                                                  "pending_tasks": len(result.hang.stacks)},
+        "violations": [v.to_dict() for v in result.violations],
+        "violated_invariants": sorted({v.invariant for v in result.violations}),
+        "throughput": {
+            "trajectories_per_s": round(n / duration, 3),
+            "requests_per_s": round(len(requests) / duration, 3),
+            "output_tokens_per_s": round(float(requests["completion_tokens"].fillna(0).sum()) / duration, 3),
+            "latency_s": _quantiles(requests["latency_s"]),
+            "retry_amplification": round(len(requests.dropna(subset=["trajectory"])) / max(1, len(turns)), 4),
+        },
+        "orphans_cancelled": result.orphans_cancelled,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The terminal's end-of-run table."""
+    outcomes = ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items() if v)
+    lines = [
+        ("target", summary["target"]),
+        ("plan / seed", f"{summary['plan']} / {summary['seed']}"),
+        ("trajectories", f"{summary['trajectories']} ({outcomes})"),
+        ("drop rate", f"{summary['drop_rate']:.2%}"),
+    ]
+    for fault, stats in summary["drop_rate_by_fault"].items():
+        lines.append((f"  {fault}", f"{stats['drop_rate']:.2%} of {stats['trajectories']} hit"))
+    throughput = summary["throughput"]
+    lines.append(("throughput", f"{throughput['trajectories_per_s']} traj/s, {throughput['requests_per_s']} req/s, "
+                                f"{throughput['output_tokens_per_s']} tok/s"))
+    if summary["batch_error"]:
+        lines.append(("batch error", f"{summary['batch_error']['type']}: {summary['batch_error']['message']}"))
+    if summary["hang"]:
+        lines.append(("hang", f"no progress for {summary['hang']['idle_s']} s; "
+                              f"{summary['hang']['pending_tasks']} tasks pending"))
+    violations = summary["violations"]
+    lines.append(("violations", str(len(violations)) if violations else "none"))
+    for violation in violations[:10]:
+        lines.append((f"  {violation['invariant']}", f"{violation['trajectory'] or '-'}: {violation['message']}"))
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in lines)

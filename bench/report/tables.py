@@ -1,0 +1,61 @@
+"""The run's tidy tables: one row per trajectory, per request, per fault event."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+
+from ..runner import RunResult
+from ..server.request_log import COLUMNS as REQUEST_COLUMNS
+from faults.log import COLUMNS as FAULT_COLUMNS
+
+TABLES = ("trajectories", "requests", "faults")
+
+
+def frames(result: RunResult) -> dict[str, pd.DataFrame]:
+    faults = pd.DataFrame([asdict(e) for e in result.fault_events], columns=FAULT_COLUMNS)
+    hit = faults.groupby("trajectory")["fault"].agg(lambda s: ",".join(sorted(set(s)))) if len(faults) else {}
+    rows = []
+    for record in result.records:
+        row = record.to_row()
+        row["faults"] = hit.get(record.trajectory, "") if len(faults) else ""
+        rows.append(row)
+    requests = pd.DataFrame([asdict(r) for r in result.requests], columns=REQUEST_COLUMNS)
+    return {"trajectories": pd.DataFrame(rows), "requests": requests, "faults": faults}
+
+
+def parquet_available() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_tables(tables: dict[str, pd.DataFrame], folder: Path) -> list[Path]:
+    """CSV by default; Parquet when pyarrow is installed."""
+    written = []
+    for name, frame in tables.items():
+        if parquet_available():
+            path = folder / f"{name}.parquet"
+            frame.to_parquet(path, index=False)
+        else:
+            path = folder / f"{name}.csv"
+            frame.to_csv(path, index=False)
+        written.append(path)
+    return written
+
+
+def read_tables(folder: Path) -> dict[str, pd.DataFrame]:
+    out = {}
+    for name in TABLES:
+        parquet, csv = folder / f"{name}.parquet", folder / f"{name}.csv"
+        if parquet.exists():
+            out[name] = pd.read_parquet(parquet)
+        elif csv.exists():
+            out[name] = pd.read_csv(csv)
+        else:
+            raise FileNotFoundError(f"{folder}: no {name}.csv or {name}.parquet: not a run report folder")
+    return out

@@ -1,0 +1,52 @@
+"""Target adapters: real rollout code (or the reference patterns) run against the bench server.
+
+A target is named `NAME[:VARIANT]` (`ref-gather:fixed`) or given as `module:attr`, where
+`attr` is an adapter instance, or a class or factory called with the variant (if any).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from .base import Emit, RolloutJob, TargetAdapter, TrajectorySpec
+from .record import DROPPED_OUTCOMES, OUTCOMES, ErrorInfo, SampleRecord
+from .ref_gather import RefGather
+
+REGISTRY: dict[str, Callable[[str], Any]] = {
+    "ref-gather": RefGather,
+}
+DEFAULT_TARGET = "ref-gather:unfixed"
+
+
+class TargetError(ValueError):
+    """A target name or path that resolves to nothing usable."""
+
+
+def resolve_target(spec: str) -> TargetAdapter:
+    """`ref-gather:fixed`, `ref-gather` (unfixed), or `package.module:attr`."""
+    name, _, variant = spec.partition(":")
+    if name in REGISTRY:
+        try:
+            return REGISTRY[name](variant or "unfixed")
+        except ValueError as error:
+            raise TargetError(f"target {spec!r}: {error}") from None
+    if "." in name and variant:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as error:
+            raise TargetError(f"target {spec!r}: cannot import {name}: {error}") from None
+        try:
+            attr = getattr(module, variant)
+        except AttributeError:
+            raise TargetError(f"target {spec!r}: module {name} has no attribute {variant!r}") from None
+        adapter = attr() if isinstance(attr, type) or (callable(attr) and not hasattr(attr, "run")) else attr
+        if not hasattr(adapter, "run"):
+            raise TargetError(f"target {spec!r}: {variant} has no run(job, emit) method")
+        return adapter  # type: ignore[no-any-return]
+    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(f'{n}:unfixed|fixed' for n in REGISTRY)}; "
+                      "or give module:attr")
+
+
+__all__ = ["DEFAULT_TARGET", "DROPPED_OUTCOMES", "Emit", "ErrorInfo", "OUTCOMES", "REGISTRY", "RolloutJob",
+           "SampleRecord", "TargetAdapter", "TargetError", "TrajectorySpec", "resolve_target"]

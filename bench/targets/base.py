@@ -1,0 +1,59 @@
+"""The target adapter interface: run real rollout code, hand back sample records.
+
+An adapter receives a `RolloutJob` (the trajectories to run with their prompts, group
+structure and sampling parameters, the server's URL, the context budget, client-side fault
+rules) and calls `emit` once per trajectory with its `SampleRecord`. If the rollout code
+raises out of `run`, that is a result too (the batch crashed): the runner records it, marks
+the trajectories that never came back as lost, and never crashes itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from faults import Rule
+
+from .record import SampleRecord
+
+Emit = Callable[[SampleRecord], None]
+
+
+@dataclass(frozen=True)
+class TrajectorySpec:
+    id: str
+    group: str
+    prompt_ids: list[int]
+    prompt_text: str
+    messages: list[dict[str, Any]] | None
+    tools: list[dict[str, Any]] | None
+    sampling_params: dict[str, Any]
+    turns: int  # recorded turns: a multi-turn target stops there
+
+
+@dataclass
+class RolloutJob:
+    base_url: str
+    trajectories: list[TrajectorySpec]
+    context_length: int
+    tokenizer_path: Path
+    concurrency: int = 64
+    seed: int = 0
+    client_faults: list[Rule] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def groups(self) -> dict[str, list[TrajectorySpec]]:
+        grouped: dict[str, list[TrajectorySpec]] = {}
+        for spec in self.trajectories:
+            grouped.setdefault(spec.group, []).append(spec)
+        return grouped
+
+
+class TargetAdapter(Protocol):
+    """What the runner needs from a target."""
+
+    name: str
+    fail_fast: bool  # the framework's declared policy: one failure fails the batch, loudly
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None: ...
