@@ -86,6 +86,38 @@ def _cmd_faults(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+    import time
+
+    from .invariants import Bounds
+    from .report import format_summary, write_report
+    from .runner import DEFAULT_PLAN, RunConfig, run
+
+    plan = build_plan(args.plan if (args.plan or args.fault) else DEFAULT_PLAN, args.fault, args.seed)
+    bounds = Bounds(max_weight_lag=args.max_weight_lag, max_requests_per_trajectory=args.max_requests,
+                    run_budget_s=args.budget)
+    config = RunConfig(trace=args.trace, plan=plan, target=args.target, n=args.n, concurrency=args.concurrency,
+                       time_scale=args.time_scale, watchdog_s=args.watchdog,
+                       invariants=args.invariants.split(",") if args.invariants else None, bounds=bounds)
+    out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
+    print(f"run: trace={args.trace} target={args.target} plan={plan.name if plan else None} "
+          f"seed={plan.seed if plan else None}", file=sys.stderr)
+    result = asyncio.run(run(config, show_progress=True))
+    summary = write_report(result, out, junit=args.junit)
+    print(format_summary(summary))
+    print(f"report: {out.resolve()}")
+    return 0 if result.ok else 1
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import format_summary, rerender
+
+    print(format_summary(rerender(args.folder)))
+    print(f"report: {Path(args.folder).resolve()}")
+    return 0
+
+
 def _cmd_tokenizer(args: argparse.Namespace) -> int:
     from .tokenizer import tokenizer_path
 
@@ -151,6 +183,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
     serve.set_defaults(run=_cmd_serve)
 
+    from .targets import DEFAULT_TARGET
+
+    run = sub.add_parser("run", help="run a target against the server under a fault plan; check; report")
+    run.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace file or shipped name (default {DEFAULT_TRACE})")
+    run.add_argument("--plan", help="fault plan file or shipped name (default seed-000 unless --fault is given)")
+    run.add_argument("--fault", action="append", metavar="SPEC", help="a fault rule (repeatable)")
+    run.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
+    run.add_argument("--target", default=DEFAULT_TARGET, help=f"NAME[:variant] or module:attr (default {DEFAULT_TARGET})")
+    run.add_argument("--n", type=int, help="run only the first N trajectories")
+    run.add_argument("--concurrency", type=int, default=64, help="requests in flight at most (default 64)")
+    run.add_argument("--time-scale", type=float, default=0.0, help="replay latencies scaled by this (default 0)")
+    run.add_argument("--watchdog", type=float, default=30.0, help="seconds without progress before a hang (30)")
+    run.add_argument("--invariants", help="comma-separated invariants to check (default all)")
+    run.add_argument("--max-weight-lag", type=int, default=1, help="staleness bound in versions (default 1)")
+    run.add_argument("--max-requests", type=int, default=8, help="requests per trajectory before a storm (8)")
+    run.add_argument("--budget", type=float, help="liveness budget for the whole run, seconds")
+    run.add_argument("--out", help="report folder (default reports/run-<time>)")
+    run.add_argument("--junit", help="also write the JUnit XML here")
+    run.set_defaults(run=_cmd_run)
+
+    report = sub.add_parser("report", help="re-render a run's report folder and print its summary")
+    report.add_argument("folder")
+    report.set_defaults(run=_cmd_report)
+
     sub.add_parser("faults", help="list the fault types, their parameters and the shipped plans").set_defaults(
         run=_cmd_faults)
     sub.add_parser("tokenizer", help="print the shipped tokenizer folder").set_defaults(run=_cmd_tokenizer)
@@ -162,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from faults import FaultError, PlanError
 
     from .synth import SynthError
+    from .targets import TargetError
     from .trace import TraceFormatError
 
     args = build_parser().parse_args(argv)
@@ -171,8 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and friends
         sys.stdout = open(os.devnull, "w")
         return 0
-    except (TraceFormatError, SynthError, PlanError, FaultError, FileNotFoundError, KeyError, ValueError,
-            OSError) as error:
+    except (TraceFormatError, SynthError, PlanError, FaultError, TargetError, FileNotFoundError, KeyError,
+            ValueError, OSError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"rollout-bench: error: {message}", file=sys.stderr)
         return 2

@@ -115,11 +115,15 @@ async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
         job = RolloutJob(server.url, specs, store.header.context_length, tokenizer_path(), config.concurrency,
                          plan.seed if plan else 0, [r for r in (plan.rules if plan else ()) if not r.fault.server_side])
         records: dict[str, SampleRecord] = {}
+        emitted: dict[str, int] = {}
         bar = progress_bar(total=len(specs), desc=target.name, enabled=show_progress)
         accepting = True
 
         def emit(record: SampleRecord) -> None:
-            if accepting and record.trajectory not in records:
+            if not accepting:
+                return  # an orphan reporting after the rollout ended: the framework threw it away
+            emitted[record.trajectory] = emitted.get(record.trajectory, 0) + 1
+            if record.trajectory not in records:
                 records[record.trajectory] = record
                 bar.update(1)
 
@@ -146,7 +150,7 @@ async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
         ordered = [records[s.id] for s in specs]
         view = RunView(ordered, list(server.log.records), list(server.context.faults.log.events), plan,
                        {s.id: s.group for s in specs}, store.header.context_length, target.fail_fast,
-                       batch_error, hang, duration, config.bounds)
+                       batch_error, hang, duration, config.bounds, emitted)
         violations = check_all(view, config.invariants)
         return RunResult(config, target.name, str(store.path), store.header.context_length, ordered,
                          view.requests, view.fault_events, violations, batch_error, hang, started, duration,

@@ -12,11 +12,13 @@ NAME = "accounting"
 def check(view: RunView) -> list[Violation]:
     out = []
     counts = Counter(r.trajectory for r in view.records)
+    crashed = view.batch_error is not None or view.hang is not None
     for trajectory in view.dispatched:
-        if counts[trajectory] != 1:
-            out.append(Violation(NAME, trajectory, f"{counts[trajectory]} outcomes for one trajectory",
-                                 {"outcomes": counts[trajectory]}))
-    for trajectory in counts:
+        emitted = view.emitted.get(trajectory, 0)
+        if counts[trajectory] != 1 or emitted > 1 or (emitted == 0 and not crashed):
+            out.append(Violation(NAME, trajectory, f"the target reported {emitted} outcomes for one trajectory",
+                                 {"emitted": emitted, "records": counts[trajectory]}))
+    for trajectory in set(counts) | set(view.emitted):
         if trajectory not in view.dispatched:
             out.append(Violation(NAME, trajectory, "an outcome for a trajectory never dispatched", {}))
     for event in view.fault_events:

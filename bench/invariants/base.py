@@ -45,6 +45,7 @@ class RunView:
     hang: HangReport | None = None
     duration_s: float = 0.0
     bounds: Bounds = field(default_factory=Bounds)
+    emitted: dict[str, int] = field(default_factory=dict)  # records the target emitted, per trajectory
 
     def faults_for(self, trajectory: str) -> list[FaultEvent]:
         return [e for e in self.fault_events if e.trajectory == trajectory]

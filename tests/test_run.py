@@ -1,0 +1,104 @@
+"""The harness end to end: seed-000 on ref-gather, the watchdog, reports and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from bench.report import load, write_report
+from bench.runner import RunConfig, RunResult, run
+from faults import resolve_plan
+
+POISONED = "g00120-3"  # the trajectory seed-000's plan hits in agentic-500
+
+
+def _run(target: str, **options: object) -> RunResult:
+    config = RunConfig(plan=resolve_plan("seed-000"), target=target, **options)  # type: ignore[arg-type]
+    return asyncio.run(run(config))
+
+
+@pytest.fixture(scope="module")
+def unfixed() -> RunResult:
+    return _run("ref-gather:unfixed")
+
+
+def test_unfixed_gather_loses_the_batch_with_the_root_cause(unfixed: RunResult) -> None:
+    assert unfixed.batch_error is not None and unfixed.batch_error.type == "InjectedFault"
+    lost = [r for r in unfixed.records if r.outcome == "lost"]
+    assert lost and all(r.error and r.error.type == "InjectedFault" for r in lost)
+    survival = [v for v in unfixed.violations if v.invariant == "batch_survival"]
+    assert len(survival) == 1 and survival[0].trajectory == POISONED
+    assert survival[0].evidence["error_type"] == "InjectedFault" and survival[0].evidence["lost"] == len(lost)
+    assert survival[0].fault is not None and survival[0].fault["fault"] == "raise_after_generate"
+    assert {v.invariant for v in unfixed.violations} == {"batch_survival"}
+    assert [e.trajectory for e in unfixed.fault_events] == [POISONED]
+
+
+def test_fixed_gather_keeps_an_aborted_placeholder() -> None:
+    fixed = _run("ref-gather:fixed")
+    assert fixed.violations == [] and fixed.batch_error is None
+    aborted = [r for r in fixed.records if r.outcome == "aborted"]
+    assert [r.trajectory for r in aborted] == [POISONED]
+    assert aborted[0].reward == 0.0 and aborted[0].loss_mask == [0] and aborted[0].error.type == "InjectedFault"
+    assert sum(r.outcome == "completed" for r in fixed.records) == len(fixed.records) - 1
+
+
+def test_report_folder_matches_the_run(unfixed: RunResult, tmp_path: Path) -> None:
+    write_report(unfixed, tmp_path)
+    report = load(tmp_path)
+    trajectories, requests, faults = report["trajectories"], report["requests"], report["faults"]
+    summary = report["summary"]
+    assert len(trajectories) == len(unfixed.records) == summary["trajectories"]
+    assert summary["outcomes"]["lost"] == (trajectories["outcome"] == "lost").sum() > 0
+    assert len(requests) == len(unfixed.requests) and len(faults) == 1
+    assert summary["drop_rate"] == pytest.approx(summary["outcomes"]["lost"] / len(trajectories))
+    assert summary["drop_rate_by_fault"]["raise_after_generate"]["trajectories"] == 1
+    assert summary["batch_error"]["type"] == "InjectedFault" and summary["seed"] == 2
+    for plot in ("outcomes_by_fault.png", "request_timeline.png", "throughput.png"):
+        assert (tmp_path / plot).stat().st_size > 5000
+    suite = ET.parse(tmp_path / "junit.xml").getroot()
+    failed = [case.get("name") for case in suite.iter("testcase") if case.find("failure") is not None]
+    assert failed == ["batch_survival"] and suite.get("tests") == "10"
+
+
+def test_watchdog_reports_a_hang_and_leaves_nothing_behind() -> None:
+    async def main() -> RunResult:
+        result = await run(RunConfig(trace="rlvr-500", n=40, target="tests.targets_for_tests:Hangs",
+                                     watchdog_s=1.0))
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+        return result
+
+    result = asyncio.run(main())
+    assert result.hang is not None and result.hang.stacks
+    assert any("Hangs.run" in stack or "wait" in stack for stack in result.hang.stacks)
+    assert [v.invariant for v in result.violations] == ["liveness"]
+    assert sum(r.outcome == "lost" for r in result.records) == 20
+    assert result.duration_s < 10
+
+
+def test_accounting_catches_duplicates_and_missing() -> None:
+    result = asyncio.run(run(RunConfig(trace="rlvr-500", n=8, target="tests.targets_for_tests:Duplicates")))
+    kinds = {(v.invariant, v.trajectory) for v in result.violations}
+    first, second = result.records[0].trajectory, result.records[1].trajectory
+    assert kinds == {("accounting", first), ("accounting", second), ("group_completeness", second)}
+    assert result.records[1].outcome == "lost" and result.batch_error is None
+
+
+def test_run_command_exit_status_and_report(tmp_path: Path) -> None:
+    failing = subprocess.run([sys.executable, "-m", "bench", "run", "--out", str(tmp_path / "a"),
+                              "--junit", str(tmp_path / "a.xml")], capture_output=True, text=True, timeout=300)
+    assert failing.returncode == 1, failing.stderr
+    assert "InjectedFault" in failing.stdout and "batch_survival" in failing.stdout
+    assert "seed=2" in failing.stderr and (tmp_path / "a.xml").exists()
+    passing = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "ref-gather:fixed", "--out",
+                              str(tmp_path / "b")], capture_output=True, text=True, timeout=300)
+    assert passing.returncode == 0, passing.stdout
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["violations"] == []
+    bad = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown target 'nope'" in bad.stderr
