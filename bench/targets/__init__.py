@@ -11,10 +11,14 @@ from typing import Any, Callable
 
 from .base import Emit, RolloutJob, TargetAdapter, TrajectorySpec
 from .record import DROPPED_OUTCOMES, OUTCOMES, ErrorInfo, SampleRecord
-from .ref_gather import RefGather
 
-REGISTRY: dict[str, Callable[[str], Any]] = {
-    "ref-gather": RefGather,
+# Built-in targets: name -> "module:class", imported on first use (each is called with its variant).
+REGISTRY: dict[str, str] = {
+    "ref-gather": "bench.targets.ref_gather:RefGather",
+    "ref-accumulator": "bench.targets.ref_accumulator:RefAccumulator",
+    "ref-replay-buffer": "bench.targets.ref_replay_buffer:RefReplayBuffer",
+    "ref-scheduler": "bench.targets.ref_scheduler:RefScheduler",
+    "ref-tool-loop": "bench.targets.ref_tool_loop:RefToolLoop",
 }
 DEFAULT_TARGET = "ref-gather:unfixed"
 
@@ -27,8 +31,12 @@ def resolve_target(spec: str) -> TargetAdapter:
     """`ref-gather:fixed`, `ref-gather` (unfixed), or `package.module:attr`."""
     name, _, variant = spec.partition(":")
     if name in REGISTRY:
+        module_name, _, class_name = REGISTRY[name].partition(":")
         try:
-            return REGISTRY[name](variant or "unfixed")
+            factory: Callable[[str], Any] = getattr(importlib.import_module(module_name), class_name)
+            return factory(variant or "unfixed")  # type: ignore[no-any-return]
+        except ImportError:
+            raise TargetError(f"target {spec!r} is not available yet in this version") from None
         except ValueError as error:
             raise TargetError(f"target {spec!r}: {error}") from None
     if "." in name and variant:
