@@ -59,7 +59,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if first is not None:
         await transport.wait_before_answer(first)
     if parsed.stream:
-        return await _generate_stream(request, ctx, parsed, prepared, arrived)
+        content_type = first.content_type if first is not None else None
+        return await _generate_stream(request, ctx, parsed, prepared, arrived, content_type)
     errors = [p for p in prepared if isinstance(p, ValueRejected)]
     if errors:
         return wire.value_error(errors[0].message)
@@ -80,8 +81,9 @@ async def _stream_error(request: web.Request, ctx: ServerContext, message: str) 
     return response
 
 
-async def _open_stream(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+async def _open_stream(request: web.Request, content_type: str | None = None) -> web.StreamResponse:
+    """A 200 event stream (under another content type when a `wrong_content_type` fault says so)."""
+    response = web.StreamResponse(status=200, headers={"Content-Type": content_type or "text/event-stream"})
     await response.prepare(request)
     return response
 
@@ -134,27 +136,29 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
 
 
 class _StreamCut(Exception):
-    """A `stream_cut` fault ended the stream."""
+    """A `stream_cut` or `truncated_body` fault ended the stream; `drop`: without a clean end."""
+
+    def __init__(self, exchange: Exchange, drop: bool) -> None:
+        super().__init__()
+        self.exchange = exchange
+        self.drop = drop
 
 
 async def _generate_stream(request: web.Request, ctx: ServerContext, parsed: NativeRequest,
-                           prepared: list[Any], arrived: float) -> web.StreamResponse:
-    response = await _open_stream(request)
-    cut: Exchange | None = None
+                           prepared: list[Any], arrived: float, content_type: str | None = None
+                           ) -> web.StreamResponse:
+    response = await _open_stream(request, content_type)
     try:
         for entry in prepared:
             if isinstance(entry, ValueRejected):
                 await response.write(wire.stream_error_event(ctx.config.profile, entry.message))
                 continue
             item, record, exchange = entry
-            if exchange.transport.cut_after_chunks is not None:
-                cut = exchange
             await _stream_item(ctx, parsed, item, record, exchange, response, arrived)
-    except _StreamCut:
-        assert cut is not None
-        if cut.transport.reset:
+    except _StreamCut as cut:
+        if cut.drop:
             return transport.drop_connection(request)
-        if cut.transport.done_after_cut:
+        if cut.exchange.transport.done_after_cut:
             await response.write(wire.SSE_DONE)
         await response.write_eof()
         return response
@@ -173,25 +177,35 @@ async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeIt
     sent = 0
     events = 0
     corrupt = exchange.corrupt_json
+    cut_after = exchange.transport.cut_after_chunks
+    keep = exchange.transport.truncate_at  # truncated_body: the worker dies in the middle of an event
+    truncate_at = None if keep is None else int(max(1, total) * keep)
 
-    async def send(chunk: dict[str, Any]) -> None:
+    async def send(chunk: dict[str, Any], last: bool = True) -> None:
         nonlocal events, corrupt
-        if exchange.transport.cut_after_chunks is not None and events >= exchange.transport.cut_after_chunks:
-            raise _StreamCut
+        if cut_after is not None and events >= cut_after:
+            raise _StreamCut(exchange, drop=exchange.transport.reset)
         if parsed.batch:
             chunk["index"] = item.index
         body = transport.encode(chunk, exchange, corrupt=corrupt)
         corrupt = False  # one broken event is enough
-        await response.write(b"data: " + body + b"\n\n")
+        event = b"data: " + body + b"\n\n"
+        if truncate_at is not None and (events >= truncate_at or last):
+            await response.write(event[: len(event) // 2])
+            raise _StreamCut(exchange, drop=True)
+        await response.write(event)
         events += 1
 
     async def on_token(count: int) -> None:
         nonlocal sent
         formatter.weight_version = ctx.state.weight_version
         final = count == total and not exchange.omit_finish_reason
-        await send(formatter.item(generation, item.rid, item.ids, upto=count, finish=True if final else None,
-                                  e2e=time.time() - arrived if final else None, first=count == 1,
-                                  incremental_from=sent if incremental else 0))
+        chunk = formatter.item(generation, item.rid, item.ids, upto=count, finish=True if final else None,
+                               e2e=time.time() - arrived if final else None, first=count == 1,
+                               incremental_from=sent if incremental else 0)
+        if final and _is_abort(generation.finish_reason) and "output_ids" in chunk and not incremental:
+            chunk["output_ids"] = chunk["output_ids"][-1:]  # an `abort` fault's last chunk, as sglang#34488
+        await send(chunk, last=count == total)
         sent = count
 
     await asyncio.sleep(exchange.transport.first_token_delay)
@@ -211,3 +225,7 @@ async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeIt
         await send(chunk)
     elif total == 0:
         await send(formatter.item(generation, item.rid, item.ids, e2e=time.time() - arrived))
+
+
+def _is_abort(finish: Any) -> bool:
+    return isinstance(finish, dict) and finish.get("type") == "abort"

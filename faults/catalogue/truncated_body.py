@@ -1,4 +1,8 @@
-"""`truncated_body`: the headers promise the whole body; only a `keep` share arrives, then the connection drops."""
+"""`truncated_body`: the headers promise the whole body; only a `keep` share arrives, then the connection drops.
+
+On a stream, `keep` of the events arrive, then half of the next one, and the chunked body
+ends without its terminator (a worker killed in the middle of a write).
+"""
 
 from ..base import Fault, FaultError, register
 from ..exchange import Exchange

@@ -1,5 +1,7 @@
 """`wrong_content_type`: the real answer under another content type (router 0.1.9's octet-stream).
 
+Streams too: the events arrive under that content type instead of `text/event-stream`.
+
 aiohttp's `resp.json()` then refuses it (AReaL retries, slime gets a `str`).
 """
 
