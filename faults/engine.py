@@ -52,7 +52,8 @@ class FaultEngine:
     def decide(self, target: Target, forced: tuple[Rule, ...] = ()) -> Decision:
         plan = self.plan  # one read: a concurrent swap never mixes two plans in one decision
         elapsed = time.monotonic() - self.started
-        fired = [r for r in plan.rules if r.fault.server_side and r.schedule.fires(plan.seed, r.name, target, elapsed)]
+        fired = [r for r in plan.rules if r.fault.server_side and not r.fault.on_weight_update
+                 and r.schedule.fires(plan.seed, r.name, target, elapsed)]  # weight-update rules act elsewhere
         return Decision(tuple(forced) + tuple(fired), target)
 
     def apply(self, decision: Decision, exchange: Exchange, request_id: str) -> None:
