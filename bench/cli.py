@@ -91,22 +91,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from .invariants import Bounds
+    from .repro import load_repro, write_repro
     from .report import format_summary, write_report
     from .runner import DEFAULT_PLAN, RunConfig, run
 
-    plan = build_plan(args.plan if (args.plan or args.fault) else DEFAULT_PLAN, args.fault, args.seed)
     bounds = Bounds(max_weight_lag=args.max_weight_lag, max_requests_per_trajectory=args.max_requests,
                     run_budget_s=args.budget)
-    config = RunConfig(trace=args.trace, plan=plan, target=args.target, n=args.n, concurrency=args.concurrency,
-                       time_scale=args.time_scale, watchdog_s=args.watchdog,
-                       invariants=args.invariants.split(",") if args.invariants else None, bounds=bounds)
+    options = dict(concurrency=args.concurrency, time_scale=args.time_scale, watchdog_s=args.watchdog,
+                   invariants=args.invariants.split(",") if args.invariants else None, bounds=bounds)
+    if args.repro:
+        config = load_repro(args.repro, **options).config
+    else:
+        plan = build_plan(args.plan if (args.plan or args.fault) else DEFAULT_PLAN, args.fault, args.seed)
+        config = RunConfig(trace=args.trace, plan=plan, target=args.target, n=args.n, **options)
+    plan = config.plan
     out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
-    print(f"run: trace={args.trace} target={args.target} plan={plan.name if plan else None} "
+    print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
           f"seed={plan.seed if plan else None}", file=sys.stderr)
     result = asyncio.run(run(config, show_progress=True))
     summary = write_report(result, out, junit=args.junit)
     print(format_summary(summary))
     print(f"report: {out.resolve()}")
+    repro = write_repro(result, out / "repro.toml")
+    if repro is not None:
+        print(f"repro: {repro.resolve()}  (rerun: rollout-bench run --repro {repro})")
     return 0 if result.ok else 1
 
 
@@ -201,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--budget", type=float, help="liveness budget for the whole run, seconds")
     run.add_argument("--out", help="report folder (default reports/run-<time>)")
     run.add_argument("--junit", help="also write the JUnit XML here")
+    run.add_argument("--repro", help="rerun a failing run's repro.toml (only the trajectories involved)")
     run.set_defaults(run=_cmd_run)
 
     report = sub.add_parser("report", help="re-render a run's report folder and print its summary")

@@ -10,12 +10,12 @@ from .base import FAULTS, Fault, FaultError, fault_class, register
 from .engine import FAULT_HEADER, FaultEngine, forced_rules
 from .exchange import Exchange, Replacement, Transport
 from .log import FaultEvent, FaultLog
-from .plan import Plan, PlanError, Rule, load_plan, plan_from_specs, resolve_plan, rule_from_spec, shipped_plans
+from .plan import Plan, PlanError, Rule, load_plan, make_rule, plan_from_specs, resolve_plan, rule_from_spec, shipped_plans
 from .schedule import Schedule, Target, parse_schedule
 
 __all__ = [
     "FAULTS", "FAULT_HEADER", "Exchange", "Fault", "FaultEngine", "FaultError", "FaultEvent", "FaultLog", "Plan",
     "PlanError", "Replacement", "Rule", "Schedule", "Target", "Transport", "fault_class", "forced_rules",
-    "load_plan", "parse_schedule", "plan_from_specs", "register", "resolve_plan", "rule_from_spec",
+    "load_plan", "make_rule", "parse_schedule", "plan_from_specs", "register", "resolve_plan", "rule_from_spec",
     "shipped_plans",
 ]

@@ -102,3 +102,22 @@ def test_run_command_exit_status_and_report(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["violations"] == []
     bad = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown target 'nope'" in bad.stderr
+
+
+def test_repro_file_reproduces_the_crash_on_one_trajectory(unfixed: RunResult, tmp_path: Path) -> None:
+    from bench.repro import load_repro, write_repro
+
+    path = write_repro(unfixed, tmp_path / "repro.toml")
+    assert path is not None
+    repro = load_repro(path)
+    assert repro.invariant == "batch_survival" and repro.config.trajectories == [POISONED]
+    again = asyncio.run(run(repro.config))
+    assert len(again.records) == 1 and again.records[0].outcome == "lost"
+    assert [v.invariant for v in again.violations] == ["batch_survival"]
+    assert again.batch_error is not None and again.batch_error.type == "InjectedFault"
+    assert [(e.trajectory, e.turn, e.attempt) for e in again.fault_events] == [(POISONED, 0, 1)]
+    cli = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(path), "--out", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 1 and "1 of 1 trajectories lost" in cli.stdout
+    assert write_repro(asyncio.run(run(RunConfig(plan=resolve_plan("seed-000"), target="ref-gather:fixed"))),
+                       tmp_path / "none.toml") is None
