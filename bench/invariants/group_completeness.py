@@ -8,7 +8,8 @@ without knowing it is partial (verl#6437). Members lost in a crash or a hang are
 batch survival and liveness report those. A member reported `failed` or `dropped` is loud.
 
 The violation names the group, its kept and missing members, each missing member's fault
-events, and (as `fault`) the last fault event on a missing member: the likely root cause.
+events, and (as `fault`) the last fault event on the first missing member that had one: the likely
+root cause.
 """
 
 from __future__ import annotations
