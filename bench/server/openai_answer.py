@@ -1,15 +1,18 @@
 """A replayed generation as an OpenAI choice: visible text, finish reason, tool calls, logprobs.
 
 Independent of the response shape: `openai_format` builds vLLM or SGLang bodies from these.
+A choice also carries its fault `Exchange`, whose wire overrides (edited logprob entries,
+omitted logprobs, token ids or finish reason) the formatter honours.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from faults import Exchange
 
 from ..replay import Generation
 from ..tokenizer import ByteBPETokenizer
@@ -24,11 +27,24 @@ class Settled:
     """What one choice shows the client (for a stream: what it will have shown at the end)."""
 
     ids: list[int]
-    logprobs: list[float | None]
+    entries: list[tuple[float | None, int]]  # (logprob, token id) per logprob entry shown
     text: str  # message content / completion text
     finish: str | None  # the generation's: "stop" | "length" | "abort" | None
     matched: int | str | None = None  # the stop token or string, when finish is "stop"
     tool_calls: list[dict[str, str]] = field(default_factory=list)  # [{"name", "arguments"}]
+    faults: Exchange | None = None  # what faults changed about how the choice is written
+
+    @property
+    def hides_logprobs(self) -> bool:
+        return self.faults is not None and self.faults.omit_logprobs
+
+    @property
+    def hides_token_ids(self) -> bool:
+        return self.faults is not None and self.faults.omit_token_ids
+
+    @property
+    def hides_finish(self) -> bool:
+        return self.faults is not None and self.faults.omit_finish_reason
 
     def finish_reason(self, flavor: str) -> str | None:
         """vLLM reports an absent finish as "stop"; SGLang passes it through."""
@@ -50,14 +66,13 @@ class Settled:
 
 
 def settle(generation: Generation, count: int, aborted: bool, request: OpenAIRequest,
-           tokenizer: ByteBPETokenizer) -> Settled:
+           tokenizer: ByteBPETokenizer, faults: Exchange | None = None) -> Settled:
     """The first `count` tokens of `generation` as the client sees them."""
     ids = generation.output_ids[:count]
-    logprobs = list(generation.logprobs or [])[:count]
-    logprobs += [None] * (len(ids) - len(logprobs))
+    entries = _entries(generation, count, faults)
     skip = request.sampling.skip_special_tokens
     if aborted:
-        return Settled(ids, logprobs, tokenizer.decode(ids, skip_special_tokens=skip), "abort")
+        return Settled(ids, entries, tokenizer.decode(ids, skip_special_tokens=skip), "abort", faults=faults)
     reason = generation.finish_reason or {}
     finish = reason.get("type")
     matched = reason.get("matched") if finish == "stop" else None
@@ -68,12 +83,26 @@ def settle(generation: Generation, count: int, aborted: bool, request: OpenAIReq
         if matched is not None and ids and ids[-1] == matched and not request.sampling.keep_stop:
             visible = ids[:-1]  # the stop token is in the ids, not in the text
         text = tokenizer.decode(visible, skip_special_tokens=skip)
-    settled = Settled(ids, logprobs, text, finish, matched)
+    settled = Settled(ids, entries, text, finish, matched, faults=faults)
     if request.parse_tools:
         parsed = parse_tool_calls(text)
         if parsed is not None:
             settled.text, settled.tool_calls = parsed
     return settled
+
+
+def _entries(generation: Generation, count: int, faults: Exchange | None) -> list[tuple[float | None, int]]:
+    """The logprob entries of the first `count` tokens: a fault's edited ones, else one per token.
+
+    Edited entries need not match the ids (a length-mismatch fault); a whole answer shows them all.
+    """
+    if faults is not None and faults.logprob_entries is not None:
+        edited = faults.logprob_entries
+        return list(edited if count >= len(generation.output_ids) else edited[:count])
+    ids = generation.output_ids[:count]
+    logprobs: list[float | None] = list(generation.logprobs or [])[:count]
+    logprobs += [None] * (len(ids) - len(logprobs))
+    return list(zip(logprobs, ids))
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict[str, str]]] | None:
@@ -103,10 +132,11 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, str]]] | None:
 
 
 def clamp(logprob: float | None) -> float:
-    """vLLM never sends -inf, NaN or a missing chat logprob: all become -9999.0."""
-    if logprob is None or not math.isfinite(logprob):
-        return SENTINEL
-    return max(logprob, SENTINEL)
+    """vLLM's `max(logprob, -9999.0)`: -inf and a missing chat logprob become -9999.0.
+
+    NaN passes through Python's `max` here as in vLLM (only a `nan_logprob` fault makes one).
+    """
+    return SENTINEL if logprob is None else max(logprob, SENTINEL)
 
 
 def token_text(tokenizer: ByteBPETokenizer, token_id: int) -> str:
@@ -125,8 +155,11 @@ class Cursor:
         self.chars = 0
         self._bytes = bytearray()
 
-    def advance(self, count: int) -> tuple[list[int], list[float | None], str]:
-        """The ids, logprobs and text delta from the last sent token up to `count`."""
+    def advance(self, count: int) -> tuple[list[int], list[tuple[float | None, int]], str]:
+        """The ids, logprob entries and text delta from the last sent token up to `count`.
+
+        The last token's chunk also carries any logprob entries beyond the ids (a fault's extras).
+        """
         start, self.tokens = self.tokens, count
         for token in self.final.ids[start:count]:
             if not (self.skip and self.tokenizer.is_special(token)):
@@ -138,7 +171,8 @@ class Cursor:
             upto = min(len(shown), len(self.final.text))
         delta = self.final.text[self.chars:upto] if upto > self.chars else ""
         self.chars = max(self.chars, upto)
-        return self.final.ids[start:count], self.final.logprobs[start:count], delta
+        entries = self.final.entries[start:] if count >= len(self.final.ids) else self.final.entries[start:count]
+        return self.final.ids[start:count], entries, delta
 
 
 def usage(flavor: str, prompt_tokens: int, completion_tokens: int, *, stream: bool = False) -> dict[str, Any]:

@@ -6,6 +6,12 @@ context length before it starts a stream (a plain 400 even for `stream: true`), 
 inside it (HTTP 200, one `data: {"error": ...}` event, then `[DONE]`). An aborted request
 ends with finish_reason "abort" in both flavors; vLLM's engine reports aborts with that
 same string, and its clients treat anything but stop/length/tool_calls as unknown.
+
+Every choice is an attempt the fault engine decides about (`ctx.exchange(api="openai")`,
+plus the faults an `X-Bench-Fault` header forces). A replacement (an HTTP error) or a reset
+answers for the whole request before anything else is sent; a claimed context length refuses
+it as the flavor would; the rest shapes how the choices are played and written
+(`openai_stream`, `openai_format`).
 """
 
 from __future__ import annotations
@@ -17,14 +23,17 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Replacement, Rule, forced_rules
+
 from ..replay import Generation, context_error
 from ..tokenizer import ByteBPETokenizer
-from . import wire
+from . import transport, wire
 from .context import TRAJECTORY_HEADER, ServerContext, context_of
 from .openai_answer import settle
 from .openai_format import OpenAIFormatter
-from .playback import Choice, Played, new_record, play, reject
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate
+from .openai_stream import play_choice, stream_choices, wire_faults
+from .playback import Choice, new_record, reject
 
 Parser = Callable[[dict[str, Any], str, ByteBPETokenizer], OpenAIRequest]
 _PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "generate": "generate-tokens-"}
@@ -38,6 +47,15 @@ class _Refused(Exception):
         self.message, self.status, self.param, self.in_band = message, status, param, in_band
 
 
+class _Faulted(Exception):
+    """A fault answers for the server: `replacement` (an HTTP error), else a dropped connection."""
+
+    def __init__(self, replacement: Replacement | None) -> None:
+        super().__init__("fault replacement" if replacement else "connection reset by a fault")
+        self.replacement = replacement
+        self.status = replacement.status if replacement else None
+
+
 def vllm_context_error(input_len: int, requested: int, context_length: int) -> str | None:
     """vLLM v0.18+'s context-length 400 text, or None when the request fits."""
     if input_len < context_length and input_len + requested <= context_length:
@@ -48,50 +66,69 @@ def vllm_context_error(input_len: int, requested: int, context_length: int) -> s
             f"requested output tokens. (parameter=input_tokens, value={input_len})")
 
 
-def _check(ctx: ServerContext, parsed: OpenAIRequest, ids: list[int], generation: Generation, rid: str) -> None:
+def _faults_answer(parsed: OpenAIRequest, exchange: Exchange) -> None:
+    """Raise `_Faulted` when a fault answers instead of the server (a stream cut resets later)."""
+    if exchange.replacement is not None:
+        raise _Faulted(exchange.replacement)
+    if exchange.transport.reset and not (parsed.stream and exchange.transport.cut_after_chunks is not None):
+        raise _Faulted(None)
+
+
+def _check(ctx: ServerContext, parsed: OpenAIRequest, ids: list[int], generation: Generation, rid: str,
+           context_length: int) -> None:
     """The server's checks that need the identified answer; raise `_Refused`."""
     config, flavor, asked = ctx.config, ctx.config.openai_flavor, parsed.sampling.max_tokens
     if flavor == "sglang":
-        problem = context_error(len(ids), asked or 0, config.context_length,
-                                legacy=config.profile.legacy_context_check)
+        problem = context_error(len(ids), asked or 0, context_length, legacy=config.profile.legacy_context_check)
         if problem is not None:
             raise _Refused(problem, in_band=parsed.stream)
         if parsed.client_id is not None and rid in ctx.state.inflight:
             raise _Refused(f"Duplicate request ID detected: {rid}", in_band=parsed.stream)
     else:
-        requested = asked if asked is not None else max(0, config.context_length - len(ids))
-        problem = vllm_context_error(len(ids), requested, config.context_length)
+        requested = asked if asked is not None else max(0, context_length - len(ids))
+        problem = vllm_context_error(len(ids), requested, context_length)
         if problem is not None:
             raise _Refused(problem, param="input_tokens")
     if generation.is_error:
         raise _Refused(generation.error_message or "error", generation.error_status or 500, in_band=parsed.stream)
 
 
-def _choices(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, base_id: str,
-             arrived: float) -> list[Choice]:
-    """Identify every (prompt, n) choice; the first refusal stops the request."""
+def _choices(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, base_id: str, arrived: float,
+             forced: tuple[Rule, ...]) -> tuple[list[Choice], list[Exchange]]:
+    """Identify every (prompt, n) choice and let the faults decide; the first refusal stops the request."""
     hint = request.headers.get(TRAJECTORY_HEADER)
     single = len(parsed.prompts) * parsed.sampling.n == 1
+    vllm = ctx.config.openai_flavor != "sglang"
     choices: list[Choice] = []
+    exchanges: list[Exchange] = []
     for ids in parsed.prompts:
         params = parsed.sampling.params(len(ids), ctx.config.context_length)
         for _ in range(parsed.sampling.n):
             rid = base_id if single else uuid.uuid4().hex
+            if vllm and rid in ctx.state.inflight:  # a client-chosen request_id already running: keep both apart
+                rid = uuid.uuid4().hex
             generation = ctx.generate(ids, params, hint)
             record = new_record(ctx, request.path, arrived, rid=rid, stream=parsed.stream, prompt_tokens=len(ids),
                                 generation=generation)
+            exchange = ctx.exchange(generation, api="openai", endpoint=request.path, stream=parsed.stream, rid=rid,
+                                    forced=forced)
             try:
-                _check(ctx, parsed, ids, generation, rid)
-            except _Refused as refused:
-                status = 200 if refused.in_band else refused.status
-                for earlier in choices:  # identified, never played: the whole request was refused
-                    reject(ctx, earlier.record, status, refused.message, arrived, earlier.generation)
-                reject(ctx, record, status, refused.message, arrived, generation)
+                _faults_answer(parsed, exchange)
+                _check(ctx, parsed, ids, generation, rid, exchange.refusal_context or ctx.config.context_length)
+            except (_Refused, _Faulted) as stop:
+                status = 200 if isinstance(stop, _Refused) and stop.in_band else stop.status
+                for choice in [*choices, Choice(len(choices), ids, generation, rid, record)]:
+                    _refused(ctx, choice, status, str(stop), arrived)  # identified, never played
                 raise
-            if rid in ctx.state.inflight:  # a client-chosen vLLM request_id already running: keep both apart
-                rid = record.rid = uuid.uuid4().hex
             choices.append(Choice(len(choices), ids, generation, rid, record))
-    return choices
+            exchanges.append(exchange)
+    return choices, exchanges
+
+
+def _refused(ctx: ServerContext, choice: Choice, status: int | None, error: str, arrived: float) -> None:
+    """Log a choice that was never played; `status` None: no answer at all."""
+    reject(ctx, choice.record, status or 0, error, arrived, choice.generation)
+    choice.record.status = status
 
 
 async def _open_stream(request: web.Request) -> web.StreamResponse:
@@ -108,88 +145,71 @@ async def _refuse_in_band(request: web.Request, flavor: str, refused: _Refused) 
     return response
 
 
-async def _whole(ctx: ServerContext, parsed: OpenAIRequest, choices: list[Choice], formatter: OpenAIFormatter,
-                 arrived: float) -> web.Response:
-    played = await asyncio.gather(*(play(ctx, choice, arrived) for choice in choices))
-    settled = [settle(c.generation, p.count, p.aborted, parsed, ctx.tokenizer) for c, p in zip(choices, played)]
+async def _whole(request: web.Request, ctx: ServerContext, parsed: OpenAIRequest, choices: list[Choice],
+                 exchanges: list[Exchange], formatter: OpenAIFormatter, arrived: float) -> web.StreamResponse:
+    played = await asyncio.gather(*(play_choice(ctx, c, e, arrived) for c, e in zip(choices, exchanges)))
+    settled = [settle(c.generation, p.count, p.aborted, parsed, ctx.tokenizer, e)
+               for c, p, e in zip(choices, played, exchanges)]
     version = ctx.state.weight_version
     if parsed.kind == "chat":
-        return wire.json_response(formatter.chat_body(choices[0].prompt_ids, settled, version))
-    if parsed.kind == "completion":
-        return wire.json_response(formatter.completion_body(parsed.prompts, settled, version))
-    return wire.json_response(formatter.generate_body(settled))
+        body = formatter.chat_body(choices[0].prompt_ids, settled, version)
+    elif parsed.kind == "completion":
+        body = formatter.completion_body(parsed.prompts, settled, version)
+    else:
+        body = formatter.generate_body(settled)
+    carrier = wire_faults(exchanges)
+    return await transport.send_body(request, transport.encode(body, carrier), carrier)
 
 
-async def _feed(ctx: ServerContext, choice: Choice, arrived: float, queue: asyncio.Queue[Any]) -> None:
-    """Play one choice into the stream's queue: (index, tokens so far, None) then (index, None, outcome)."""
-    async def on_token(count: int) -> None:
-        queue.put_nowait((choice.index, count, None))
+def _forced(request: web.Request) -> tuple[Rule, ...]:
+    """The faults an `X-Bench-Fault` header forces; a client-side fault cannot be (the server never applies it)."""
+    forced = forced_rules(request.headers.get(FAULT_HEADER, ""))
+    for rule in forced:
+        if not rule.fault.server_side:
+            raise FaultError(f"{FAULT_HEADER}: {rule.fault.name} is applied by the target adapter, not by the server")
+    return forced
 
+
+async def _wait_before_answer(ctx: ServerContext, choices: list[Choice], exchanges: list[Exchange]) -> None:
+    """Latency and stall faults hold the whole answer; a client giving up meanwhile is logged."""
     try:
-        outcome: Played | Exception = await play(ctx, choice, arrived, on_token)
-    except Exception as error:  # surfaced by the writer, which would otherwise wait forever
-        outcome = error
-    queue.put_nowait((choice.index, None, outcome))
-
-
-async def _stream(request: web.Request, ctx: ServerContext, parsed: OpenAIRequest, choices: list[Choice],
-                  formatter: OpenAIFormatter, arrived: float) -> web.StreamResponse:
-    """Every choice plays concurrently; their chunks interleave in the order tokens appear."""
-    response = await _open_stream(request)
-    queue: asyncio.Queue[tuple[int, int | None, Played | Exception | None]] = asyncio.Queue()
-    cursors = [formatter.cursor(settle(c.generation, len(c.generation.output_ids), False, parsed, ctx.tokenizer))
-               for c in choices]
-    tasks = [asyncio.create_task(_feed(ctx, choice, arrived, queue)) for choice in choices]
-    opened, remaining, generated = parsed.kind != "chat", len(choices), 0
-    try:
-        while remaining:
-            index, count, played = await queue.get()
-            if isinstance(played, Exception):
-                raise played
-            choice, chunks = choices[index], []
-            if not opened:
-                chunks, opened = formatter.role_chunks(choice.prompt_ids), True
-            if played is None and count is not None:
-                chunks += formatter.token_chunks(index, cursors[index], count, choice.prompt_ids)
-            elif played is not None:
-                remaining, generated = remaining - 1, generated + played.count
-                if played.aborted or played.count == 0:
-                    ending = settle(choice.generation, played.count, played.aborted, parsed, ctx.tokenizer)
-                    chunks += formatter.close_chunks(index, cursors[index], ending, choice.prompt_ids)
-            for chunk in chunks:
-                await response.write(wire.sse(chunk))
-        if parsed.include_usage:
-            prompt_tokens = sum(len(ids) for ids in parsed.prompts)
-            await response.write(wire.sse(formatter.usage_chunk(prompt_tokens, generated)))
-        await response.write(wire.SSE_DONE)
-        await response.write_eof()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return response
+        await transport.wait_before_answer(max(exchanges, key=lambda e: e.transport.delay))
+    except asyncio.CancelledError:
+        for choice in choices:
+            choice.record.client_disconnected = True
+            ctx.identifier.record_outcome(choice.generation.identity, succeeded=False)
+        raise
 
 
 async def _serve(request: web.Request, kind: str, parser: Parser) -> web.StreamResponse:
     ctx, arrived = context_of(request), time.time()
     flavor = ctx.config.openai_flavor
     try:
+        forced = _forced(request)
         parsed = parser(decode_body(await request.read()), flavor, ctx.tokenizer)
+    except (FaultError, PlanError) as error:
+        reject(ctx, new_record(ctx, request.path, arrived), 400, str(error), arrived)
+        return wire.openai_error(flavor, str(error), 400, "bench_fault_header")
     except BadRequest as error:
         reject(ctx, new_record(ctx, request.path, arrived), 400, error.message, arrived)
         return wire.openai_error(flavor, error.message, 400, error.err_type, error.param)
     base_id = parsed.client_id or uuid.uuid4().hex
     try:
-        choices = _choices(ctx, request, parsed, base_id, arrived)
+        choices, exchanges = _choices(ctx, request, parsed, base_id, arrived, forced)
     except _Refused as refused:
         if refused.in_band:
             return await _refuse_in_band(request, flavor, refused)
         return wire.openai_error(flavor, refused.message, refused.status, param=refused.param)
+    except _Faulted as faulted:
+        if faulted.replacement is not None:
+            return transport.replacement_response(faulted.replacement)
+        return transport.drop_connection(request)
+    await _wait_before_answer(ctx, choices, exchanges)
     response_id = base_id if flavor == "sglang" and kind != "generate" else _PREFIX[kind] + base_id
     formatter = OpenAIFormatter(flavor, parsed, ctx.tokenizer, ctx.config.model_name, response_id)
     if parsed.stream:
-        return await _stream(request, ctx, parsed, choices, formatter, arrived)
-    return await _whole(ctx, parsed, choices, formatter, arrived)
+        return await stream_choices(request, ctx, parsed, choices, exchanges, formatter, arrived)
+    return await _whole(request, ctx, parsed, choices, exchanges, formatter, arrived)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
