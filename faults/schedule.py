@@ -97,13 +97,12 @@ def _ints(key: str, value: Any) -> frozenset[int]:
     for item in items:
         text = str(item).strip()
         try:
-            if "-" in text.lstrip("-"):
-                low, high = text.split("-", 1)
-                out.update(range(int(low), int(high) + 1))
-            else:
-                out.add(int(text))
+            low, high = (int(v) for v in text.split("-", 1)) if "-" in text.lstrip("-") else (int(text),) * 2
         except ValueError:
             raise ScheduleError(key, f"expected integers or ranges like 0,2,5-7; got {value!r}") from None
+        if high < low:
+            raise ScheduleError(key, f"range {text!r} ends before it starts; got {value!r}")
+        out.update(range(low, high + 1))
     if not out or min(out) < 0:
         raise ScheduleError(key, f"needs one or more non-negative integers; got {value!r}")
     return frozenset(out)
