@@ -57,15 +57,29 @@ class FaultEngine:
         return Decision(tuple(forced) + tuple(fired), target)
 
     def apply(self, decision: Decision, exchange: Exchange, request_id: str) -> None:
-        """Apply each fired rule to the exchange and log what it changed."""
+        """Apply each fired rule to the exchange and log what it changed.
+
+        Only what reaches the client is logged: a rule that preempts the answer (an error status,
+        a refusal, a reset) masks the others, and a turn the recording answers with an error
+        masks every rule that does not answer in its place.
+        """
         target = decision.target
+        events = []
         for rule in decision.rules:
             if exchange.api not in rule.fault.apis:
                 continue
             exchange.rng = random.Random(uniform(self.plan.seed, rule.name, target))
             change = rule.fault.apply(exchange)
-            self.log.append(FaultEvent(rule.name, rule.fault.name, target.trajectory, target.group, target.turn,
-                                       target.attempt, target.endpoint, request_id, time.time(), change))
+            event = FaultEvent(rule.name, rule.fault.name, target.trajectory, target.group, target.turn,
+                               target.attempt, target.endpoint, request_id, time.time(), change)
+            if exchange.preempted():
+                events = [event]
+                break
+            events.append(event)
+        if exchange.refused_anyway():
+            events = []  # the recorded error answers; nothing the rules did shows
+        for event in events:
+            self.log.append(event)
 
     def never_fired(self) -> list[str]:
         return self.log.never_fired(r.name for r in self.plan.rules if r.fault.server_side)

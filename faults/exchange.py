@@ -61,6 +61,16 @@ class Exchange:
     replacement: Replacement | None = None
     transport: Transport = field(default_factory=Transport)
 
+    def preempted(self) -> bool:
+        """The client will not see the generation: an error answer, a context refusal or a dropped connection."""
+        transport = self.transport
+        return (self.replacement is not None or self.refusal_context is not None
+                or transport.reset and not (self.stream and transport.cut_after_chunks is not None))
+
+    def refused_anyway(self) -> bool:
+        """The server refuses this request by itself (the recording has an error here) and no fault answers instead."""
+        return self.generation.is_error and self.replacement is None and self.refusal_context is None
+
     def entries(self) -> list[tuple[float | None, int]]:
         """The (logprob, id) pairs the answer will carry, materialized for editing."""
         if self.logprob_entries is None:

@@ -845,3 +845,43 @@ def test_no_fault_without_the_header(bench: Bench) -> None:
     assert [t[1] for t in meta["output_token_logprobs"]] == list(trajectory.turns[0].output_ids)
     assert len(bench.thread.context.faults.log) == before
 
+
+
+# -- what the log records: only what reaches the client --------------------------------------------------------------
+@pytest.mark.parametrize("header, fault, status", [
+    ("missing_logprobs; http_error:status=503", "http_error", 503),
+    ("http_error:status=503; missing_logprobs", "http_error", 503),
+    ("abort; router_no_workers", "router_no_workers", 503),
+    ("latency:ms=50; missing_logprobs; context_length_error", "context_length_error", 400),
+    ("missing_logprobs; connection_reset", "connection_reset", None),
+])
+def test_a_preempting_fault_masks_the_others(bench: Bench, header: str, fault: str, status: int | None) -> None:
+    """An error answer, a refusal or a reset replaces the generation: faults on that generation never show."""
+    trajectory, rid = bench.fresh(), uuid.uuid4().hex
+    raw = raw_post(bench.url, _body(trajectory, rid, False), _headers(trajectory, header))
+    assert raw.status == status
+    events = [e for e in bench.thread.context.faults.log.events if e.trajectory == trajectory.id]
+    assert [(e.fault, e.request_id, e.attempt) for e in events] == [(fault, rid, 1)]
+
+
+def test_a_recorded_error_turn_masks_faults_that_do_not_answer_for_it() -> None:
+    with ServerThread("agentic-500") as thread:
+        trajectory, turn = next((t, i) for t in thread.context.store.trajectories
+                                for i, recorded in enumerate(t.turns) if recorded.error_status == 400)
+        ids = turn_input(trajectory, turn)
+        log = thread.context.faults.log
+
+        def post(spec: str) -> Raw:
+            body = {"input_ids": ids, "return_logprob": True, "sampling_params": {"max_new_tokens": 16}}
+            return raw_post(thread.url, body, {"X-Bench-Trajectory": trajectory.id, "X-Bench-Fault": spec})
+
+        raw = post("missing_logprobs; abort; latency:ms=20")
+        assert raw.status == 400 and raw.json() == {"error": {"message": trajectory.turns[turn].error_message}}
+        assert len(log) == 0  # the recorded 400 answered; none of those faults reached the client
+        raw = post("missing_logprobs; router_no_workers")
+        assert raw.status == 503 and raw.body == ROUTER_503  # the router answers before the worker
+        raw = post("context_length_error:context_length=10")
+        assert raw.status == 400 and raw.json()["error"]["message"].startswith(
+            f"The input ({len(ids)} tokens) is longer than the model's context length (10 tokens).")
+        assert [(e.fault, e.turn, e.attempt) for e in log.events] == [
+            ("router_no_workers", turn, 2), ("context_length_error", turn, 3)]
