@@ -1,33 +1,71 @@
-"""Retry discipline: no retry storm, and terminal errors (the router's no-workers 503) fail fast."""
+"""Retry discipline: no retry storm, and terminal errors (the router's no-workers 503) fail fast.
+
+Two checks over the server's request log (joined with the fault log), per trajectory:
+
+- storm: the requests for one turn of one trajectory (its attempts: retries, replacement
+  rollouts) stay within `bounds.max_requests_per_trajectory`. Counting per turn keeps long
+  multi-turn trajectories, which legitimately send one request per turn, out of it.
+- terminal: once the trajectory got a terminal answer (a 503 carrying a `router_no_workers` or
+  `outage` fault: "No available workers"), at most `bounds.max_requests_after_terminal` further
+  requests are sent for it. Retrying into a dead fleet is what turns an outage into churn.
+
+An outage event whose answer another rule replaced (a 429 fired on the same attempt) is not a
+terminal answer: the logged status of that request tells which answer the client saw.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
+from ..server.request_log import RequestRecord
 from .base import RunView, Violation, preceding
 
 NAME = "retry_discipline"
-TERMINAL = {"router_no_workers", "outage"}
+TERMINAL = {"router_no_workers", "outage"}  # faults answering the router's no-available-workers 503
+TERMINAL_STATUS = 503
+
+
+def _statuses(requests: list[RequestRecord]) -> dict[str, int]:
+    return dict(sorted(Counter(str(r.status) for r in requests).items()))
 
 
 def check(view: RunView) -> list[Violation]:
-    per_trajectory: dict[str, int] = defaultdict(int)
-    for request in view.requests:
+    by_trajectory: dict[str, list[RequestRecord]] = defaultdict(list)
+    for request in view.requests:  # the log is in arrival order
         if request.trajectory is not None:
-            per_trajectory[request.trajectory] += 1
-    out = []
+            by_trajectory[request.trajectory].append(request)
+    terminal_keys = {(e.trajectory, e.turn, e.attempt) for e in view.fault_events if e.fault in TERMINAL}
+    outcomes = {r.trajectory: r.outcome for r in view.records}
     bound = view.bounds.max_requests_per_trajectory
-    for trajectory, count in per_trajectory.items():
-        if count > bound:
-            out.append(Violation(NAME, trajectory, f"{count} requests for one trajectory (bound {bound})",
-                                 {"requests": count}, preceding(view, trajectory)))
-    terminal: dict[str, int] = defaultdict(int)
-    for event in view.fault_events:
-        if event.fault in TERMINAL:
-            terminal[event.trajectory] += 1
     limit = view.bounds.max_requests_after_terminal
-    for trajectory, count in terminal.items():
-        if count > limit + 1:
-            out.append(Violation(NAME, trajectory, f"kept retrying a terminal error: {count} no-workers answers "
-                                 f"(bound {limit + 1})", {"terminal_answers": count}, preceding(view, trajectory)))
+    out = []
+    for trajectory, requests in by_trajectory.items():
+        per_turn: dict[int, list[RequestRecord]] = defaultdict(list)
+        for request in requests:
+            per_turn[request.turn or 0].append(request)
+        turn, attempts = max(per_turn.items(), key=lambda item: (len(item[1]), -item[0]))
+        if len(attempts) > bound:
+            failed = sum(1 for r in attempts if r.status != 200)
+            out.append(Violation(
+                NAME, trajectory,
+                f"retry storm: {len(attempts)} requests for turn {turn} of one trajectory ({failed} failed; "
+                f"bound {bound})",
+                {"requests": len(attempts), "failed_requests": failed, "turn": turn, "bound": bound,
+                 "statuses": _statuses(attempts), "outcome": outcomes.get(trajectory)},
+                preceding(view, trajectory)))
+        terminal = [i for i, r in enumerate(requests) if r.status == TERMINAL_STATUS
+                    and (trajectory, r.turn or 0, r.attempt) in terminal_keys]
+        if not terminal:
+            continue
+        first = requests[terminal[0]]
+        after = requests[terminal[0] + 1:]
+        if len(after) > limit:
+            out.append(Violation(
+                NAME, trajectory,
+                f"kept retrying a terminal error: {len(after)} requests after the first no-available-workers "
+                f"answer, {len(terminal)} such answers in all (bound {limit} after it)",
+                {"terminal_answers": len(terminal), "requests_after_terminal": len(after), "bound": limit,
+                 "first_terminal": {"turn": first.turn, "attempt": first.attempt},
+                 "statuses_after": _statuses(after), "outcome": outcomes.get(trajectory)},
+                preceding(view, trajectory)))
     return out
