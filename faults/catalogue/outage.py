@@ -19,7 +19,7 @@ class Outage(Fault):
 
     def apply(self, exchange: Exchange) -> str:
         if self.status == 503:
-            exchange.replacement = no_workers(self.router_version)
+            exchange.replacement = no_workers(self.router_version, exchange)
             return "outage: router has no available workers"
         body, content_type = error_body(self.status, exchange.api, exchange.flavor)
         exchange.replacement = Replacement(self.status, body, content_type)

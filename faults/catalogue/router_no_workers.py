@@ -11,10 +11,16 @@ BODY = ('{"error":{"type":"Service Unavailable","code":"no_available_workers","m
         + MESSAGE + '"}}').encode()
 
 
-def no_workers(router_version: str) -> Replacement:
+_ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def no_workers(router_version: str, exchange: Exchange) -> Replacement:
+    """The router's answer; its `x-request-id` (`gnt-` + 24 characters) is drawn from the rule's seeded RNG."""
     if router_version.startswith("0.2"):
         return Replacement(503, MESSAGE.encode(), "text/plain")
-    return Replacement(503, BODY, "application/json", {"x-smg-error-code": "no_available_workers"})
+    request_id = "gnt-" + "".join(exchange.rng.choice(_ID_CHARS) for _ in range(24))
+    return Replacement(503, BODY, "application/json",
+                       {"x-smg-error-code": "no_available_workers", "x-request-id": request_id})
 
 
 @register
@@ -29,5 +35,5 @@ class RouterNoWorkers(Fault):
                              f"got {self.router_version!r}")
 
     def apply(self, exchange: Exchange) -> str:
-        exchange.replacement = no_workers(self.router_version)
+        exchange.replacement = no_workers(self.router_version, exchange)
         return "answered the router's no-available-workers 503"
