@@ -59,24 +59,34 @@ class FaultEngine:
     def apply(self, decision: Decision, exchange: Exchange, request_id: str) -> None:
         """Apply each fired rule to the exchange and log what it changed.
 
-        Only what reaches the client is logged: a rule that preempts the answer (an error status,
-        a refusal, a reset) masks the others, and a turn the recording answers with an error
+        Only what reaches the client is logged. An answer that replaces the generation masks
+        every other rule: the last error status set, else the last refusal, else a reset (the
+        order in which the server honours them). A turn the recording answers with an error
         masks every rule that does not answer in its place.
         """
         target = decision.target
-        events = []
+        events: list[FaultEvent] = []
+        answered_by: dict[str, FaultEvent] = {}  # which rule last set each kind of replacing answer
         for rule in decision.rules:
             if exchange.api not in rule.fault.apis:
                 continue
             exchange.rng = random.Random(uniform(self.plan.seed, rule.name, target))
+            before = (exchange.replacement, exchange.refusal_context, exchange.transport.reset)
             change = rule.fault.apply(exchange)
             event = FaultEvent(rule.name, rule.fault.name, target.trajectory, target.group, target.turn,
                                target.attempt, target.endpoint, request_id, time.time(), change)
-            if exchange.preempted():
-                events = [event]
-                break
             events.append(event)
-        if exchange.refused_anyway():
+            if exchange.replacement is not before[0]:
+                answered_by["replacement"] = event
+            if exchange.refusal_context != before[1]:
+                answered_by["refusal"] = event
+            if exchange.transport.reset != before[2]:
+                answered_by["reset"] = event
+        if exchange.preempted():
+            kind = ("replacement" if exchange.replacement is not None
+                    else "refusal" if exchange.refusal_context is not None else "reset")
+            events = [answered_by[kind]]
+        elif exchange.refused_anyway():
             events = []  # the recorded error answers; nothing the rules did shows
         for event in events:
             self.log.append(event)

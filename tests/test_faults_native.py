@@ -854,6 +854,9 @@ def test_no_fault_without_the_header(bench: Bench) -> None:
     ("abort; router_no_workers", "router_no_workers", 503),
     ("latency:ms=50; missing_logprobs; context_length_error", "context_length_error", 400),
     ("missing_logprobs; connection_reset", "connection_reset", None),
+    ("http_error:status=503; http_error:status=429", "http_error", 429),  # the last error status stands
+    ("connection_reset; context_length_error", "context_length_error", 400),  # a refusal beats a reset
+    ("context_length_error; outage", "outage", 503),  # an error status beats a refusal
 ])
 def test_a_preempting_fault_masks_the_others(bench: Bench, header: str, fault: str, status: int | None) -> None:
     """An error answer, a refusal or a reset replaces the generation: faults on that generation never show."""
@@ -862,6 +865,8 @@ def test_a_preempting_fault_masks_the_others(bench: Bench, header: str, fault: s
     assert raw.status == status
     events = [e for e in bench.thread.context.faults.log.events if e.trajectory == trajectory.id]
     assert [(e.fault, e.request_id, e.attempt) for e in events] == [(fault, rid, 1)]
+    shown = [i for i, spec in enumerate(header.split(";")) if spec.strip().startswith(fault)][-1]
+    assert events[0].rule == f"header:{fault}#{shown}"
 
 
 def test_a_recorded_error_turn_masks_faults_that_do_not_answer_for_it() -> None:
