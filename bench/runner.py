@@ -13,10 +13,9 @@ import io
 import time
 from array import array
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
-from faults import FaultEvent, Plan, Rule
+from faults import FaultEvent, Plan
 
 from .invariants import Bounds, HangReport, RunView, Violation, check_all
 from .paths import DEFAULT_TRACE
@@ -44,6 +43,7 @@ class RunConfig:
     invariants: list[str] | None = None
     bounds: Bounds = field(default_factory=Bounds)
     server_options: dict[str, Any] = field(default_factory=dict)
+    target_options: dict[str, Any] = field(default_factory=dict)  # handed to the target as `job.options`
 
 
 @dataclass
@@ -113,7 +113,8 @@ async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
         specs = [_spec(t) for t in chosen]
         plan = config.plan
         job = RolloutJob(server.url, specs, store.header.context_length, tokenizer_path(), config.concurrency,
-                         plan.seed if plan else 0, [r for r in (plan.rules if plan else ()) if not r.fault.server_side])
+                         plan.seed if plan else 0, [r for r in (plan.rules if plan else ()) if not r.fault.server_side],
+                         dict(config.target_options))
         records: dict[str, SampleRecord] = {}
         emitted: dict[str, int] = {}
         bar = progress_bar(total=len(specs), desc=target.name, enabled=show_progress)

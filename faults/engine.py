@@ -34,7 +34,12 @@ def forced_rules(header: str) -> tuple[Rule, ...]:
         scheduled = sorted(set(values) & set(SCHEDULE_KEYS))
         if scheduled:
             raise FaultError(f"{FAULT_HEADER}: {spec!r}: a forced fault takes no schedule ({', '.join(scheduled)})")
-        rules.append(make_rule(values, f"header:{values['fault']}#{index}"))
+        rule = make_rule(values, f"header:{values['fault']}#{index}")
+        if not rule.fault.server_side or rule.fault.on_weight_update:
+            where = "the target adapter" if not rule.fault.server_side else "weight updates"
+            raise FaultError(f"{FAULT_HEADER}: {spec!r}: {rule.fault.name} acts in {where}, not on one request; "
+                             "put it in a plan instead")
+        rules.append(rule)
     return tuple(rules)
 
 

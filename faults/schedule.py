@@ -7,6 +7,7 @@ outage lasting T seconds).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from fractions import Fraction
@@ -64,13 +65,22 @@ class Schedule:
             return False
         if self.window is not None and not self.window[0] <= elapsed < self.window[1]:
             return False
-        return self.p is None or uniform(seed, rule, target) < self.p
+        return self.p is None or uniform(seed, rule, target) < self._threshold
+
+    @property
+    def _threshold(self) -> float:
+        """`p` as a float, computed once: decisions sit on every request's path."""
+        cached = self.__dict__.get("_p_float")
+        if cached is None:
+            cached = float(self.p)  # type: ignore[arg-type]
+            object.__setattr__(self, "_p_float", cached)
+        return cached
 
     def scaled(self, factor: float) -> "Schedule":
         """The same schedule with its probability multiplied (for fault-rate sweeps), capped at 1."""
         if self.p is None:
             return self
-        return Schedule(**{**self.__dict__, "p": min(Fraction(1), self.p * Fraction(factor).limit_denominator())})
+        return dataclasses.replace(self, p=min(Fraction(1), self.p * Fraction(factor).limit_denominator()))
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

