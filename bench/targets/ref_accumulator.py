@@ -55,6 +55,7 @@ import aiohttp
 
 from .base import Emit, RolloutJob, TrajectorySpec
 from .client import generate, output_of
+from .reference import ReferenceTarget
 from .record import SampleRecord
 
 log = logging.getLogger(__name__)
@@ -82,14 +83,9 @@ def result_is_stale(version: str, step: int, max_result_age: int | None) -> bool
     return step - int(version) > max_result_age
 
 
-class RefAccumulator:
+class RefAccumulator(ReferenceTarget):
+    family = "ref-accumulator"
     fail_fast = True  # a generation error fails the batch, loudly, with its root cause
-
-    def __init__(self, variant: str = "unfixed") -> None:
-        if variant not in ("unfixed", "fixed"):
-            raise ValueError(f"ref-accumulator has variants unfixed and fixed, not {variant!r}")
-        self.fixed = variant == "fixed"
-        self.name = f"ref-accumulator:{variant}"
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         batch_size = int(job.options.get("batch_size", DEFAULT_BATCH_SIZE))

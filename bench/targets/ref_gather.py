@@ -21,20 +21,15 @@ import aiohttp
 from ..hooks import raise_if_poisoned
 from .base import Emit, RolloutJob, TrajectorySpec
 from .client import generate, output_of
+from .reference import ReferenceTarget
 from .record import ErrorInfo, SampleRecord
 
 log = logging.getLogger(__name__)
 _OUTCOME = {"stop": "completed", "length": "truncated", "abort": "aborted"}
 
 
-class RefGather:
-    fail_fast = False
-
-    def __init__(self, variant: str = "unfixed") -> None:
-        if variant not in ("unfixed", "fixed"):
-            raise ValueError(f"ref-gather has variants unfixed and fixed, not {variant!r}")
-        self.fixed = variant == "fixed"
-        self.name = f"ref-gather:{variant}"
+class RefGather(ReferenceTarget):
+    family = "ref-gather"
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         limit = asyncio.Semaphore(job.concurrency)

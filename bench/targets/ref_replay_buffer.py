@@ -46,6 +46,7 @@ import aiohttp
 from ..tokenizer import ByteBPETokenizer
 from .base import Emit, RolloutJob, TrajectorySpec
 from .client import generate, output_of
+from .reference import ReferenceTarget
 from .record import ErrorInfo, SampleRecord
 
 log = logging.getLogger(__name__)
@@ -143,14 +144,8 @@ class ReplayBuffer:
         return batch
 
 
-class RefReplayBuffer:
-    fail_fast = False
-
-    def __init__(self, variant: str = "unfixed") -> None:
-        if variant not in ("unfixed", "fixed"):
-            raise ValueError(f"ref-replay-buffer has variants unfixed and fixed, not {variant!r}")
-        self.fixed = variant == "fixed"
-        self.name = f"ref-replay-buffer:{variant}"
+class RefReplayBuffer(ReferenceTarget):
+    family = "ref-replay-buffer"
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         buffer = ReplayBuffer(fail_closed=self.fixed)

@@ -29,9 +29,10 @@ not, and neither is anything unrecognised.
 The bench replays the same example in a replacement group (prime-rl samples a new one) so
 that every trajectory ends in exactly one record. The rollout is one model call (turn 0),
 sent to the server's SGLang `/generate` (where the fault plan acts) with the trajectory named
-in `X-Bench-Trajectory`; an HTTP error becomes the OpenAI SDK's exception class for its status
-(`RateLimitError`, `InternalServerError`, ...) with no client-side retries (`max_retries=0`),
-so every retry is the scheduler's and shows in the server's request log.
+in `X-Bench-Trajectory`; an HTTP error becomes a look-alike of the OpenAI SDK's exception class
+for its status (`RateLimitError`, `InternalServerError`, ...; the SDK itself is not a core
+dependency), with no client-side retries, so every retry is the scheduler's and shows in the
+server's request log.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from ..hooks import raise_if_poisoned
 from ..server.context import TRAJECTORY_HEADER
 from .base import Emit, RolloutJob, TrajectorySpec
 from .client import output_of
+from .reference import ReferenceTarget
 from .record import ErrorInfo, SampleRecord
 
 log = logging.getLogger(__name__)
@@ -135,13 +137,12 @@ class RolloutState:
     error: dict[str, Any] | None = None  # serialized, as it crosses the verifiers -> prime-rl boundary
 
 
-class RefScheduler:
+class RefScheduler(ReferenceTarget):
+    family = "ref-scheduler"
+
     def __init__(self, variant: str = "unfixed") -> None:
-        if variant not in ("unfixed", "fixed"):
-            raise ValueError(f"ref-scheduler has variants unfixed and fixed, not {variant!r}")
-        self.fixed = variant == "fixed"
+        super().__init__(variant)
         self.fail_fast = self.fixed  # the fix's declared policy: a terminal error fails the batch loudly
-        self.name = f"ref-scheduler:{variant}"
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         groups = job.groups()

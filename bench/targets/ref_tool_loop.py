@@ -54,6 +54,7 @@ from ..tokenizer import ByteBPETokenizer, load_tokenizer
 from ..trace import open_trace
 from .base import Emit, RolloutJob, TrajectorySpec
 from .client import generate, output_of
+from .reference import ReferenceTarget
 from .record import ErrorInfo, SampleRecord
 
 log = logging.getLogger(__name__)
@@ -159,14 +160,8 @@ class Sample:
         self.weight_versions, self.aborted_at, self.note = [], None, None
 
 
-class RefToolLoop:
-    fail_fast = False
-
-    def __init__(self, variant: str = "unfixed") -> None:
-        if variant not in ("unfixed", "fixed"):
-            raise ValueError(f"ref-tool-loop has variants unfixed and fixed, not {variant!r}")
-        self.fixed = variant == "fixed"
-        self.name = f"ref-tool-loop:{variant}"
+class RefToolLoop(ReferenceTarget):
+    family = "ref-tool-loop"
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         trace = job.options.get("trace") or shipped_trace(DEFAULT_TRACE)
