@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import re
 from collections import Counter
 
@@ -41,11 +42,15 @@ def _generate_requests(result: RunResult) -> Counter[str]:
 
 @pytest.fixture(scope="module")
 def unfixed() -> tuple[RunResult, set[object]]:
+    threads = threading.active_count()
+
     async def main() -> tuple[RunResult, set[object]]:
         result = await run(_config("ref-accumulator:unfixed"))
         return result, set(asyncio.all_tasks()) - {asyncio.current_task()}
 
-    return asyncio.run(main())
+    outcome = asyncio.run(main())
+    assert threading.active_count() == threads, "the hung run left a thread behind"
+    return outcome
 
 
 @pytest.fixture(scope="module")
