@@ -7,14 +7,16 @@ routes then answer the router's no-available-workers 503, byte for byte (WIRE.md
 
 from __future__ import annotations
 
-import secrets
+import random
 import uuid
 from typing import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
 
-from . import wire
+from faults.catalogue.router_no_workers import no_workers_answer, router_request_id
+
+from . import transport, wire
 from .context import CONTEXT_KEY, context_of
 
 GENERATION_ROUTES = ("/generate", "/v1/chat/completions", "/v1/completions", "/inference/v1/generate")
@@ -55,7 +57,8 @@ async def no_workers_middleware(request: web.Request,
     ctx = request.app[CONTEXT_KEY]
     if not ctx.state.workers_available and request.path in GENERATION_ROUTES:
         await request.read()
-        return wire.router_no_workers(ctx.config.router_version, "gnt-" + secrets.token_urlsafe(18)[:24])
+        return transport.replacement_response(no_workers_answer(ctx.config.router_version,
+                                                                router_request_id(random.Random())))
     return await handler(request)
 
 

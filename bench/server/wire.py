@@ -1,7 +1,7 @@
 """Bytes on the wire: compact JSON in insertion order, SSE framing, error bodies.
 
-Error bodies are the real ones, per WIRE.md section 1.8 (native), 3.1-3.2 (OpenAI) and 4.4
-(router); handlers pick one, never invent their own.
+Error bodies are the real ones, per WIRE.md section 1.8 (native) and 3.1-3.2 (OpenAI); the
+router's no-workers 503 (4.4) is built once, in `faults.catalogue.router_no_workers`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from .profiles import SglangProfile
 _encode = msgspec.json.Encoder().encode
 JSON = "application/json"
 SSE_DONE = b"data: [DONE]\n\n"
-NO_WORKERS = "No available workers (all circuits open or unhealthy)"
 
 
 def dumps(obj: Any) -> bytes:
@@ -70,15 +69,6 @@ def stream_error_event(profile: SglangProfile, message: str, code: int = 400) ->
     else:
         error = {"message": message}
     return sse({"error": error})
-
-
-# -- router -------------------------------------------------------------------------------
-def router_no_workers(router_version: str, request_id: str) -> web.Response:
-    """The router's answer when every worker's circuit is open or unhealthy."""
-    if router_version.startswith("0.2"):
-        return text_response(NO_WORKERS, 503)
-    body = {"error": {"type": "Service Unavailable", "code": "no_available_workers", "message": NO_WORKERS}}
-    return json_response(body, 503, headers={"x-smg-error-code": "no_available_workers", "x-request-id": request_id})
 
 
 # -- OpenAI-compatible routes (WIRE.md 3.1-3.3) ---------------------------------------------

@@ -3,6 +3,8 @@
 `router_version = "0.2"` gives the 0.2.x plain-text answer instead of the JSON one.
 """
 
+import random
+
 from ..base import Fault, FaultError, register
 from ..exchange import Exchange, Replacement
 
@@ -14,13 +16,22 @@ BODY = ('{"error":{"type":"Service Unavailable","code":"no_available_workers","m
 _ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
-def no_workers(router_version: str, exchange: Exchange) -> Replacement:
-    """The router's answer; its `x-request-id` (`gnt-` + 24 characters) is drawn from the rule's seeded RNG."""
+def router_request_id(rng: random.Random) -> str:
+    """A router-made request id: `gnt-` and 24 characters."""
+    return "gnt-" + "".join(rng.choice(_ID_CHARS) for _ in range(24))
+
+
+def no_workers_answer(router_version: str, request_id: str) -> Replacement:
+    """The router's no-available-workers answer: the one builder the server and the faults share."""
     if router_version.startswith("0.2"):
         return Replacement(503, MESSAGE.encode(), "text/plain")
-    request_id = "gnt-" + "".join(exchange.rng.choice(_ID_CHARS) for _ in range(24))
     return Replacement(503, BODY, "application/json",
                        {"x-smg-error-code": "no_available_workers", "x-request-id": request_id})
+
+
+def no_workers(router_version: str, exchange: Exchange) -> Replacement:
+    """The answer for a fault: its request id is drawn from the rule's seeded RNG."""
+    return no_workers_answer(router_version, router_request_id(exchange.rng))
 
 
 @register
