@@ -114,9 +114,13 @@ def _key_line(text: str, start: int, key: str) -> int:
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Load a TOML plan; every problem names the file and line."""
+    """Load a TOML plan file; every problem names the file and line."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    return parse_plan(path.read_text(encoding="utf-8"), str(path), default_name=path.stem)
+
+
+def parse_plan(text: str, path: str, *, default_name: str = "plan") -> Plan:
+    """A plan from TOML text; `path` names its origin in every error (a file, or `<request body>`)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -145,7 +149,7 @@ def load_plan(path: str | Path) -> Plan:
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
         raise PlanError(f"{path}: rule name {duplicate!r} is used twice")
-    return Plan(str(data.get("name", path.stem)), seed, tuple(rules), str(data.get("description", "")), str(path))
+    return Plan(str(data.get("name", default_name)), seed, tuple(rules), str(data.get("description", "")), path)
 
 
 def _offending_key(message: str, values: dict[str, Any]) -> str:

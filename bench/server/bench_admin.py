@@ -6,14 +6,13 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from faults import FaultError, Plan, PlanError, load_plan, plan_from_specs
+from faults import FaultError, Plan, PlanError, plan_from_specs
+from faults.plan import parse_plan
 
 from . import wire
 from .context import context_of
@@ -41,13 +40,7 @@ def _plan_from_body(body: Any) -> Plan:
     if not isinstance(body, dict):
         raise PlanError('expected {"toml": "<plan text>"} or {"faults": ["<spec>", ...], "seed": N}')
     if "toml" in body:
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "plan.toml"
-            path.write_text(str(body["toml"]), encoding="utf-8")
-            try:
-                return load_plan(path)
-            except PlanError as error:
-                raise PlanError(str(error).replace(str(path), "<request body>")) from None
+        return parse_plan(str(body["toml"]), "<request body>", default_name="runtime")
     faults = body.get("faults")
     seed = body.get("seed", 0)
     if not isinstance(faults, list) or not all(isinstance(f, str) for f in faults):
