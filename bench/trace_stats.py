@@ -13,15 +13,17 @@ from typing import Any
 import pandas as pd
 
 from .progress import progress
-from .trace import open_trace
+from .trace import TraceHeader, open_trace
 
 
-def trace_tables(path: str | Path, *, show_progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(trajectories, turns) tables of the trace at `path`, read in one streaming pass."""
+def trace_tables(path: str | Path, *,
+                 show_progress: bool = False) -> tuple[TraceHeader, pd.DataFrame, pd.DataFrame]:
+    """(header, trajectories, turns) of the trace at `path`, read in one streaming pass."""
     trajectories: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     with open_trace(path) as reader:
-        context_length = reader.header.context_length
+        header = reader.header
+        context_length = header.context_length
         for trajectory in progress(reader, total=None, desc="inspect", enabled=show_progress):
             for index, turn in enumerate(trajectory.turns):
                 response = turn.response
@@ -53,12 +55,11 @@ def trace_tables(path: str | Path, *, show_progress: bool = False) -> tuple[pd.D
                 "outcome": trajectory.metadata.get("outcome"),
                 "reward": trajectory.reward,
             })
-    return pd.DataFrame(trajectories), pd.DataFrame(turns)
+    return header, pd.DataFrame(trajectories), pd.DataFrame(turns)
 
 
-def summarize(path: str | Path, trajectories: pd.DataFrame, turns: pd.DataFrame) -> dict[str, Any]:
-    with open_trace(path, check=False) as reader:
-        header = reader.header
+def summarize(path: str | Path, header: TraceHeader, trajectories: pd.DataFrame,
+              turns: pd.DataFrame) -> dict[str, Any]:
     tool = turns.loc[turns["tool_output_tokens"] > 0, "tool_output_tokens"]
 
     def quantiles(series: pd.Series) -> dict[str, float]:
@@ -88,8 +89,8 @@ def summarize(path: str | Path, trajectories: pd.DataFrame, turns: pd.DataFrame)
 def write_trace_report(path: str | Path, out_dir: str | Path, *, show_progress: bool = False) -> dict[str, Any]:
     """Write `trajectories.csv`, `turns.csv` and `summary.json` for the trace into `out_dir`."""
     out = Path(out_dir)
-    trajectories, turns = trace_tables(path, show_progress=show_progress)
-    summary = summarize(path, trajectories, turns)
+    header, trajectories, turns = trace_tables(path, show_progress=show_progress)
+    summary = summarize(path, header, trajectories, turns)
     out.mkdir(parents=True, exist_ok=True)
     trajectories.to_csv(out / "trajectories.csv", index=False)
     turns.to_csv(out / "turns.csv", index=False)
