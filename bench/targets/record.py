@@ -5,6 +5,7 @@ Invariants and reports read only these (and the server's logs), never a framewor
 
 from __future__ import annotations
 
+import json
 import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ class SampleRecord:
     reward: float | None = None
     weight_versions: list[str] = field(default_factory=list)
     error: ErrorInfo | None = None
+    details: dict[str, Any] | None = None  # framework-specific evidence (JSON-able), e.g. a serialized error dict
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -55,6 +57,8 @@ class SampleRecord:
         """A flat row for the `trajectories` table."""
         row = asdict(self)
         error = row.pop("error")
+        details = row.pop("details")
+        row["details"] = json.dumps(details, sort_keys=True) if details is not None else None
         row.update(error_type=error["type"] if error else None, error_message=error["message"] if error else None)
         for key in ("response_ids", "logprobs", "loss_mask", "weight_versions"):
             row.pop(key)
