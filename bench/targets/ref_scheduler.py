@@ -41,7 +41,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, Mapping
 
 import aiohttp
 
@@ -125,7 +125,7 @@ def serialize_error(error: BaseException) -> dict[str, Any]:
     }
 
 
-def is_reschedulable(error: dict[str, Any]) -> bool:
+def is_reschedulable(error: Mapping[str, Any]) -> bool:
     """prime-rl#2579: reschedule only what verifiers marked retryable; no flag means terminal."""
     return error.get("is_retryable") is True
 
@@ -145,59 +145,10 @@ class RefScheduler(ReferenceTarget):
         self.fail_fast = self.fixed  # the fix's declared policy: a terminal error fails the batch loudly
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
-        groups = job.groups()
         limit = asyncio.Semaphore(job.concurrency)
-        max_reschedules = int(job.options.get("max_reschedules", MAX_RESCHEDULES))
-        max_group_retries = int(job.options.get("max_group_retries", MAX_GROUP_RETRIES))
-        inflight: dict[asyncio.Task[list[RolloutState]], str] = {}
-        replacements: dict[str, int] = {group: 0 for group in groups}
         async with aiohttp.ClientSession() as http:
-
-            def schedule(group: str) -> None:
-                task = asyncio.create_task(self._generate_group(http, limit, job, groups[group]),
-                                           name=f"group rollout {group}")
-                inflight[task] = group
-
-            for group in groups:
-                schedule(group)
-            try:
-                while inflight:
-                    done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                    for task in done:
-                        group = inflight.pop(task)
-                        states = task.result()
-                        errors = [s.error for s in states if s.error is not None]
-                        if not errors:
-                            for state in states:
-                                emit(state.record)  # type: ignore[arg-type]
-                            continue
-                        if not self.fixed:
-                            # every error is treated as worth a replacement group
-                            if sum(replacements.values()) < max_reschedules:
-                                replacements[group] += 1
-                                schedule(group)
-                            else:
-                                log.warning("group %s: bench cap of %d replacement groups reached; reporting it "
-                                            "failed", group, max_reschedules)
-                                _report_failed(states, emit)
-                            continue
-                        terminal = [e for e in errors if not is_reschedulable(e)]
-                        if not terminal and replacements[group] < max_group_retries:
-                            log.info("group %s: retryable error, scheduling a replacement: %s", group,
-                                     errors[0]["error_chain_repr"])
-                            replacements[group] += 1
-                            schedule(group)
-                            continue
-                        _report_failed(states, emit)  # the group is dropped
-                        cause = (terminal or errors)[0]
-                        why = "a non-retryable rollout error" if terminal else (
-                            f"retryable errors after {replacements[group]} replacement groups")
-                        raise RuntimeError(f"rollout group {group} failed with {why}; stopping the batch: "
-                                           f"{cause['error_chain_repr']}")
-            finally:
-                for task in inflight:
-                    task.cancel()
-                await asyncio.gather(*inflight, return_exceptions=True)
+            await schedule_groups(job, lambda members: self._generate_group(http, limit, job, members), emit,
+                                  fixed=self.fixed)
 
     async def _generate_group(self, http: aiohttp.ClientSession, limit: asyncio.Semaphore, job: RolloutJob,
                               members: list[TrajectorySpec]) -> list[RolloutState]:
@@ -229,6 +180,77 @@ class RefScheduler(ReferenceTarget):
         return state
 
 
+GenerateGroup = Callable[[list[TrajectorySpec]], Awaitable[list[RolloutState]]]
+
+
+def reschedules(error: Mapping[str, Any], fixed: bool) -> bool:
+    """The scheduler's decision on one serialized rollout error: worth a replacement group?
+
+    unfixed (prime-rl before #2579): every error is. fixed (#2579): only one verifiers marked
+    `is_retryable: true` (verifiers#1427); a dict without the flag is terminal.
+    """
+    return is_reschedulable(error) if fixed else True
+
+
+async def schedule_groups(job: RolloutJob, generate_group: GenerateGroup, emit: Emit, *, fixed: bool) -> dict[str, int]:
+    """The continuous-batching loop over `job`'s groups; returns the replacement groups scheduled per group.
+
+    `generate_group(members)` runs one group rollout and returns one state per member; an
+    errored member carries its serialized error (and may carry a failed record to report).
+    """
+    groups = job.groups()
+    max_reschedules = int(job.options.get("max_reschedules", MAX_RESCHEDULES))
+    max_group_retries = int(job.options.get("max_group_retries", MAX_GROUP_RETRIES))
+    inflight: dict[asyncio.Task[list[RolloutState]], str] = {}
+    replacements: dict[str, int] = {group: 0 for group in groups}
+
+    def schedule(group: str) -> None:
+        task = asyncio.create_task(generate_group(groups[group]), name=f"group rollout {group}")
+        inflight[task] = group
+
+    for group in groups:
+        schedule(group)
+    try:
+        while inflight:
+            done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = inflight.pop(task)
+                states = task.result()
+                errors = [s.error for s in states if s.error is not None]
+                if not errors:
+                    for state in states:
+                        emit(state.record)  # type: ignore[arg-type]
+                    continue
+                if not fixed:
+                    # every error is treated as worth a replacement group
+                    if sum(replacements.values()) < max_reschedules:
+                        replacements[group] += 1
+                        schedule(group)
+                    else:
+                        log.warning("group %s: bench cap of %d replacement groups reached; reporting it "
+                                    "failed", group, max_reschedules)
+                        _report_failed(states, emit)
+                    continue
+                terminal = [e for e in errors if not reschedules(e, fixed)]
+                if not terminal and replacements[group] < max_group_retries:
+                    log.info("group %s: retryable error, scheduling a replacement: %s", group,
+                             errors[0]["error_chain_repr"])
+                    replacements[group] += 1
+                    schedule(group)
+                    continue
+                _report_failed(states, emit)  # the group is dropped
+                cause = (terminal or errors)[0]
+                why = "a non-retryable rollout error" if terminal else (
+                    f"retryable errors after {replacements[group]} replacement groups")
+                raise RuntimeError(f"rollout group {group} failed with {why}; stopping the batch: "
+                                   f"{cause['error_chain_repr']}")
+    finally:
+        for task in inflight:
+            task.cancel()
+        await asyncio.gather(*inflight, return_exceptions=True)
+    return replacements
+
+
 async def _call_model(http: aiohttp.ClientSession, base_url: str, spec: TrajectorySpec) -> dict[str, Any]:
     """POST /generate once; an error answer raises the SDK's exception for its status."""
     payload = {"input_ids": spec.prompt_ids, "sampling_params": spec.sampling_params, "return_logprob": True}
@@ -246,6 +268,9 @@ def _report_failed(states: list[RolloutState], emit: Emit) -> None:
     """Every trajectory of a dropped group, failed, with its own error (or the group's first)."""
     first = next(s.error for s in states if s.error is not None)
     for state in states:
+        if state.error is not None and state.record is not None and state.record.outcome == "failed":
+            emit(state.record)  # the rollout's own failed record (a real framework's, with its evidence)
+            continue
         error = state.error or first
         emit(SampleRecord(trajectory=state.spec.id, group=state.spec.group, outcome="failed", status="ERROR",
                           prompt_length=len(state.spec.prompt_ids),
