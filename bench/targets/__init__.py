@@ -19,6 +19,8 @@ REGISTRY: dict[str, str] = {
     "ref-replay-buffer": "bench.targets.ref_replay_buffer:RefReplayBuffer",
     "ref-scheduler": "bench.targets.ref_scheduler:RefScheduler",
     "ref-tool-loop": "bench.targets.ref_tool_loop:RefToolLoop",
+    "miles": "bench.targets.miles:MilesTarget",
+    "slime": "bench.targets.slime:SlimeTarget",
     "verifiers": "bench.targets.verifiers_env:VerifiersTarget",
 }
 DEFAULT_TARGET = "ref-gather:unfixed"
