@@ -187,7 +187,7 @@ def build_env(vf: Any, kind: str, job: RolloutJob, facts: TraceFacts) -> Any:
 
     cls = type("BenchToolEnv", (mixin, vf.StatefulToolEnv), {"update_tool_args": update_tool_args})
     env = cls(dataset=dataset, rubric=vf.Rubric(funcs=[recorded_reward]),
-              max_turns=max((spec.turns for spec in job.trajectories), default=1))
+              max_turns=max((spec.turns for spec in job.trajectories), default=0) + 1)  # past the recording: its own end shows
     schemas = {d["name"]: d for spec in job.trajectories for d in _tool_defs(spec)}
     for name, schema in schemas.items():
         env.add_tool(_recorded_tool(name, schema, facts.tools), args_to_skip=[_TRAJECTORY_ARG, _TURN_ARG])
