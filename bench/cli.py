@@ -118,6 +118,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .sweep import SweepOptions, default_jobs, sweep_command, sweep_invariants
+
+    run_args = (["--python", args.python] if args.python else []) + (["--in-process"] if args.in_process else [])
+    options = SweepOptions(trace=args.trace, n=args.n, time_scale=args.time_scale, concurrency=args.concurrency,
+                           watchdog_s=args.watchdog, timeout_s=args.timeout,
+                           jobs=default_jobs() if args.jobs is None else args.jobs, run_args=tuple(run_args),
+                           invariants=sweep_invariants(args.invariants))
+    return sweep_command(args.plan, args.target, args.rates, args.seeds, args.out, options)
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import format_summary, rerender
 
@@ -213,6 +224,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--junit", help="also write the JUnit XML here")
     run.add_argument("--repro", help="rerun a failing run's repro.toml (only the trajectories involved)")
     run.set_defaults(run=_cmd_run)
+
+    sweep = sub.add_parser("sweep", help="run a grid of plans x targets x fault rates x seeds, a process per "
+                           "run, into one table (DIR/sweep.csv)")
+    sweep.add_argument("--plan", required=True, help="plan files or shipped names, comma-separated")
+    sweep.add_argument("--target", required=True, help="targets (NAME[:variant] or module:attr), comma-separated")
+    sweep.add_argument("--rates", required=True,
+                       help="fault rates in [0, 1], comma-separated (0.01 or 1/400): each plan's most likely "
+                            "probability rule fires with this p, its other `p` rules keep their ratio to it; "
+                            "rules without `p` are left alone; 0 removes the `p` rules")
+    sweep.add_argument("--seeds", required=True, help="plan seeds, comma-separated (each replaces the plan's own)")
+    sweep.add_argument("--out", required=True, help="a new or empty folder: runs/<id>/ per run, sweep.csv, sweep.json")
+    sweep.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace file or shipped name (default {DEFAULT_TRACE})")
+    sweep.add_argument("--n", type=int, help="run only the first N trajectories of the trace")
+    sweep.add_argument("--jobs", type=int, help="runs at once (default: the cores this process may use)")
+    sweep.add_argument("--timeout", type=float, default=600.0,
+                       help="seconds per run before it is killed with its children and recorded as timeout (600)")
+    sweep.add_argument("--time-scale", type=float, default=0.05, help="as for run (default 0.05; 0: fastest)")
+    sweep.add_argument("--concurrency", type=int, default=64, help="as for run (default 64)")
+    sweep.add_argument("--watchdog", type=float, default=30.0, help="as for run (default 30)")
+    sweep.add_argument("--invariants", help="comma-separated invariants to check (default all but vacuity: a rule "
+                                            "that never fired at a low rate is data, the fault_events column)")
+    sweep.add_argument("--python", metavar="PATH", help="as for run: the target worker's interpreter")
+    sweep.add_argument("--in-process", action="store_true", help="as for run: the target in the run's process")
+    sweep.set_defaults(run=_cmd_sweep)
 
     report = sub.add_parser("report", help="re-render a run's report folder and print its summary")
     report.add_argument("folder")

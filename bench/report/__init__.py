@@ -32,11 +32,22 @@ def write_report(result: RunResult, folder: str | Path, junit: str | Path | None
 
 
 def load(folder: str | Path) -> dict[str, Any]:
-    """The run's tables (`trajectories`, `requests`, `faults`) as DataFrames, plus `summary`."""
+    """The run's tables (`trajectories`, `requests`, `faults`) as DataFrames, plus `summary`;
+    for a sweep's folder, what `load_sweep` returns."""
     folder = Path(folder)
+    if (folder / "sweep.csv").exists() or (folder / "sweep.parquet").exists():
+        return load_sweep(folder)
     out: dict[str, Any] = dict(read_tables(folder))
     out["summary"] = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     return out
+
+
+def load_sweep(folder: str | Path) -> dict[str, Any]:
+    """A sweep's folder: `runs` (one row per run; `report` is the run's folder, for `load`), `faults`
+    (per run and fault type) and `summary` (the sweep's grid, options and outcome counts)."""
+    from ..sweep_table import load_sweep as read_sweep  # here: the sweep's tables import this package
+
+    return read_sweep(folder)
 
 
 def rerender(folder: str | Path) -> dict[str, Any]:
@@ -46,4 +57,4 @@ def rerender(folder: str | Path) -> dict[str, Any]:
     return loaded["summary"]  # type: ignore[no-any-return]
 
 
-__all__ = ["format_summary", "load", "rerender", "write_report"]
+__all__ = ["format_summary", "load", "load_sweep", "rerender", "write_report"]
