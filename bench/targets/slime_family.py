@@ -220,7 +220,6 @@ class _Returned:
     sample: Any
     step: int
     fanout: int = 1
-    resubmitted: int = 0
 
 
 class SlimeFamilyTarget:
@@ -288,7 +287,7 @@ class SlimeFamilyTarget:
                 for group in output.samples:
                     for found in _flatten(group):
                         trajectory = plugins.trajectory_of(found.sample)
-                        found.step, found.resubmitted = step - 1, resubmission
+                        found.step = step - 1
                         returned[trajectory] = found
                     if any(_resubmits(job, s.sample) for s in _flatten(group)):
                         back.append(group)
@@ -418,7 +417,7 @@ def record_of(spec: TrajectorySpec, found: _Returned, args: Args, tokenizer: Any
         "remove_sample": bool(getattr(sample, "remove_sample", False)),
         "response_text_tokens": len(tokenizer.encode(sample.response or "", add_special_tokens=False)),
         "prompt_matches_trace": tokens[:prompt_length] == list(spec.prompt_ids),
-        "rollout_step": found.step, "resubmitted": found.resubmitted,
+        "rollout_step": found.step, "generate_calls": plugins.settings().generate_calls.get(spec.id, 0),
     }
     if found.fanout > 1:
         details["fanout"] = found.fanout

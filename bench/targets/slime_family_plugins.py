@@ -64,6 +64,7 @@ class Settings:
     # trajectory -> turn -> requests made at that turn, over every generate call (the attempt numbers)
     turn_requests: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     last_turn: dict[str, int] = field(default_factory=dict)  # trajectory -> turn of its latest request
+    generate_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # trajectory -> calls (resubmissions)
 
 
 _settings: Settings | None = None
@@ -94,8 +95,11 @@ def trajectory_of(sample: Any) -> str:
 
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
     """`--custom-generate-function-path`: the framework's own generate, with the trajectory named for this task."""
-    _current.set(Attempt(trajectory_of(sample)))
-    return await settings().inner_generate(args, sample, sampling_params, evaluation)
+    trajectory = trajectory_of(sample)
+    config = settings()
+    config.generate_calls[trajectory] += 1
+    _current.set(Attempt(trajectory))
+    return await config.inner_generate(args, sample, sampling_params, evaluation)
 
 
 async def reward(args: Any, sample: Any, **kwargs: Any) -> Any:
