@@ -193,11 +193,17 @@ def _check_out(out: Path) -> None:
                          "(a sweep never mixes its runs with an older sweep's)")
 
 
+_SAY = threading.Lock()
+
+
 def _say(bar: tqdm | None, line: str) -> None:
-    if bar is not None:
-        bar.write(line, file=sys.stderr)
-    else:
-        print(line, file=sys.stderr, flush=True)
+    """One whole line on stderr (runs finish on several threads), above the progress bar if there is one."""
+    with _SAY:
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+        else:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
 
 
 def _describe(point: GridPoint) -> str:

@@ -1,0 +1,92 @@
+"""notebooks/drop_rates.ipynb runs end to end on a fresh sweep and draws its figures; it is committed clean."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "drop_rates.ipynb"
+FIGURES = 5  # outcome/drop rate by fault, retries, throughput + latency, drop rate vs rate, metrics vs rate
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two plans x both ref-gather variants x two rates, 60 trajectories each: every section has data."""
+    out = tmp_path_factory.mktemp("notebook") / "sweep"
+    done = subprocess.run([sys.executable, "-m", "bench", "sweep", "--plan", "chaos,seed-000", "--target",
+                           "ref-gather:unfixed,ref-gather:fixed", "--rates", "0.02,0.1", "--seeds", "1", "--n", "60",
+                           "--time-scale", "0", "--jobs", "2", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: the unfixed variant's violations
+    return out
+
+
+def _kernel(tmp_path: Path) -> KernelManager:
+    """A kernel on this very interpreter (its venv has the bench), whatever kernels the machine has."""
+    spec = tmp_path / "kernels" / "rollout-bench-test"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "rollout-bench tests", "language": "python"}), encoding="utf-8")
+    specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+    return KernelManager(kernel_name="rollout-bench-test", kernel_spec_manager=specs, transport="ipc",
+                         ip=str(tmp_path / "kernel-ipc"))
+
+
+def _execute(tmp_path: Path) -> nbformat.NotebookNode:
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(notebook, km=_kernel(tmp_path), timeout=600,
+                            resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell errors
+    return notebook
+
+
+def _outputs(notebook: nbformat.NotebookNode) -> list[dict]:
+    return [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])]
+
+
+def test_notebook_is_committed_clean() -> None:
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
+    assert sum(cell.cell_type == "markdown" for cell in notebook.cells) >= len(code) // 2  # prose, not just code
+    assert "bench.report import" in code[0].source and "load(SWEEP)" in code[0].source
+
+
+def test_notebook_runs_end_to_end_on_fresh_sweep_data(small_sweep: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLOUT_BENCH_SWEEP", str(small_sweep))
+    monkeypatch.delenv("ROLLOUT_BENCH_RUN", raising=False)
+    notebook = _execute(tmp_path)
+    outputs = _outputs(notebook)
+    assert [o for o in outputs if o["output_type"] == "error"] == []
+    images = [base64.b64decode(o["data"]["image/png"]) for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) == FIGURES
+    assert all(image.startswith(b"\x89PNG") and len(image) > 10_000 for image in images)
+    printed = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+    assert f"sweep: {small_sweep.resolve()} (8 runs)" in printed
+    assert "run:   " + str((small_sweep / "runs").resolve()) in printed  # defaulted to one of the sweep's runs
+    assert "retry amplification:" in printed
+
+
+def test_notebook_reads_the_run_named_by_the_environment(small_sweep: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    [chosen] = sorted((small_sweep / "runs").glob("*-seed-000-ref-gather_unfixed-r0.1-s1"))
+    monkeypatch.setenv("ROLLOUT_BENCH_SWEEP", str(small_sweep))
+    monkeypatch.setenv("ROLLOUT_BENCH_RUN", str(chosen))
+    printed = "".join(o.get("text", "") for o in _outputs(_execute(tmp_path)) if o["output_type"] == "stream")
+    assert f"run:   {chosen.resolve()}" in printed
+    assert "ref-gather:unfixed" in printed and "seed-000 / 1" in printed  # the summary of that run, not another
