@@ -1,6 +1,7 @@
 # rollout-bench: everything starts from a fresh machine with only Python 3.11.
 #   make demo   create .venv, install, run the default job, print where the report is
-#   make test   create .venv with the test extras, run the whole suite
+#   make test   create .venv with the test extras and the real targets' environments, run the whole suite
+#   make targets  build one virtual environment per real target (miles, verifiers) in .targets/
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -8,7 +9,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check --quiet
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test traces tokenizer clean
+.PHONY: demo test targets traces tokenizer clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollout-bench needs Python 3.11+"'
@@ -26,8 +27,31 @@ $(VENV)/.installed-test: pyproject.toml constraints.txt | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/rollout-bench run --out reports/demo; test $$? -le 1
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test targets
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Real targets live in their own environments (heavy, conflicting pins; never the bench's .venv).
+# torch is the local CPU wheel, installed first so nothing can pull a CUDA build; a check refuses one anyway.
+TARGETS_DIR ?= .targets
+TPIP = -m pip --disable-pip-version-check --quiet
+
+targets: $(TARGETS_DIR)/miles/.built $(TARGETS_DIR)/verifiers/.built
+
+$(TARGETS_DIR)/miles/.built: envs/miles.txt envs/miles.lock
+	rm -rf $(TARGETS_DIR)/miles
+	$(PYTHON) -m venv $(TARGETS_DIR)/miles
+	$(TARGETS_DIR)/miles/bin/python $(TPIP) install torch==2.13.0
+	$(TARGETS_DIR)/miles/bin/python $(TPIP) install --no-deps miles-rl==0.0.2
+	$(TARGETS_DIR)/miles/bin/python $(TPIP) install -r envs/miles.txt -c envs/miles.lock
+	$(TARGETS_DIR)/miles/bin/python -c 'import torch, miles; assert torch.version.cuda is None, "a CUDA torch got in"'
+	touch $@
+
+$(TARGETS_DIR)/verifiers/.built: envs/verifiers.txt envs/verifiers.lock
+	rm -rf $(TARGETS_DIR)/verifiers
+	$(PYTHON) -m venv $(TARGETS_DIR)/verifiers
+	$(TARGETS_DIR)/verifiers/bin/python $(TPIP) install -r envs/verifiers.txt -c envs/verifiers.lock
+	$(TARGETS_DIR)/verifiers/bin/python -c 'import verifiers, openai; assert openai.__version__ == "2.36.0"'
+	touch $@
 
 # Regenerate the shipped traces (a test checks they match these commands byte for byte).
 traces: $(VENV)/.installed
@@ -39,4 +63,4 @@ tokenizer: $(VENV)/.installed
 	$(BIN)/python -m bench.tokenizer.build
 
 clean:
-	rm -rf $(VENV) reports .pytest_cache .hypothesis dist build
+	rm -rf $(VENV) $(TARGETS_DIR) reports .pytest_cache .hypothesis dist build

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from . import __version__
 from .paths import DEFAULT_TRACE, SHIPPED_TRACES, resolve_trace, shipped_trace
@@ -97,13 +97,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     bounds = Bounds(max_weight_lag=args.max_weight_lag, max_requests_per_trajectory=args.max_requests,
                     run_budget_s=args.budget)
-    options = dict(concurrency=args.concurrency, time_scale=args.time_scale, watchdog_s=args.watchdog,
-                   invariants=args.invariants.split(",") if args.invariants else None, bounds=bounds)
+    options: dict[str, Any] = dict(concurrency=args.concurrency, time_scale=args.time_scale, watchdog_s=args.watchdog,
+                                   invariants=args.invariants.split(",") if args.invariants else None, bounds=bounds)
+    if args.python:
+        options["python"] = args.python
+    if args.in_process:
+        options["isolation"] = "inline"
+    target_options = _target_options(args)
     if args.repro:
         config = load_repro(args.repro, **options).config
     else:
         plan = build_plan(args.plan if (args.plan or args.fault) else DEFAULT_PLAN, args.fault, args.seed)
-        config = RunConfig(trace=args.trace, plan=plan, target=args.target, n=args.n, **options)
+        config = RunConfig(trace=args.trace, plan=plan, target=args.target, n=args.n, target_options=target_options,
+                           **options)
     plan = config.plan
     out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
@@ -116,6 +122,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if repro is not None:
         print(f"repro: {repro.resolve()}  (rerun: rollout-bench run --repro {repro})")
     return 0 if result.ok else 1
+
+
+def _target_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`--target-option key=value` (values parsed as JSON when they are) plus the named target flags."""
+    import json
+
+    options: dict[str, Any] = {}
+    for item in args.target_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--target-option {item!r}: expected KEY=VALUE")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    for key in ("custom_generate_function_path", "custom_rm_path", "slime_path", "mode"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    return options
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -211,6 +236,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
     run.add_argument("--target", default=DEFAULT_TARGET, help=f"NAME[:variant] or module:attr (default {DEFAULT_TARGET})")
     run.add_argument("--n", type=int, help="run only the first N trajectories")
+    run.add_argument("--python", metavar="PATH", help="run the target in a worker under this interpreter (its own "
+                     "virtual environment); default: the target's environment from `make targets`, else this one")
+    run.add_argument("--in-process", action="store_true",
+                     help="run the target as a task in the bench's own process (debugging; no isolation)")
+    run.add_argument("--custom-generate-function-path", metavar="MODULE.FUNC",
+                     help="slime/miles: a user's generate function, as their --custom-generate-function-path")
+    run.add_argument("--custom-rm-path", metavar="MODULE.FUNC",
+                     help="slime/miles: a user's reward function, as their --custom-rm-path")
+    run.add_argument("--slime-path", metavar="DIR", help="slime: the source checkout to run (else found on sys.path)")
+    run.add_argument("--mode", choices=("train", "eval"), help="slime/miles: the train or the eval rollout path")
+    run.add_argument("--target-option", action="append", metavar="KEY=VALUE", default=[],
+                     help="any other option for the target adapter (repeatable; JSON values allowed)")
     run.add_argument("--concurrency", type=int, default=64, help="requests in flight at most (default 64)")
     run.add_argument("--time-scale", type=float, default=0.05,
                      help="replay recorded latencies scaled by this (default 0.05: requests overlap as in "
@@ -263,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from faults import FaultError, PlanError
 
+    from .isolation import TargetStartError
     from .synth import SynthError
     from .targets import TargetError
     from .trace import TraceFormatError
@@ -274,8 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and friends
         sys.stdout = open(os.devnull, "w")
         return 0
-    except (TraceFormatError, SynthError, PlanError, FaultError, TargetError, FileNotFoundError, KeyError,
-            ValueError, OSError) as error:
+    except (TraceFormatError, SynthError, PlanError, FaultError, TargetError, TargetStartError, FileNotFoundError,
+            KeyError, ValueError, OSError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"rollout-bench: error: {message}", file=sys.stderr)
         return 2

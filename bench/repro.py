@@ -51,7 +51,9 @@ def write_repro(result: RunResult, path: str | Path) -> Path | None:
     lines = [
         "# rollout-bench repro: rerun with `rollout-bench run --repro <this file>`",
         f"trace = {_toml_value(result.config.trace)}",
-        f"target = {_toml_value(result.target)}",
+        f"target = {_toml_value(result.config.target)}",
+        f"target_options = {_toml_value(result.config.target_options)}",
+        f"isolation = {_toml_value(result.config.isolation)}",
         f"seed = {plan.seed if plan else 0}",
         f"plan = {_toml_value(plan.name if plan else 'none')}",
         f"invariant = {_toml_value(first.invariant)}",
@@ -87,6 +89,8 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
             rules.append(make_rule(values, values["name"]))
         plan = Plan(f"repro of {data['plan']}", int(data["seed"]), tuple(rules), f"repro: {data['invariant']}",
                     str(path))
+        overrides = {"isolation": data.get("isolation", "process"),
+                     "target_options": dict(data.get("target_options", {})), **overrides}
         config = RunConfig(trace=data["trace"], plan=plan, target=data["target"],
                            trajectories=list(data["trajectories"]), **overrides)
         return Repro(config, data["invariant"])

@@ -1,9 +1,11 @@
 """`rollout-bench run`: server + target + watchdog + invariants, for one trace, plan and target.
 
-The server runs in this process on an ephemeral port; the target's rollout code runs as a
-task beside it. Whatever the target does (returns, raises, hangs), the runner ends with one
-sample record per dispatched trajectory, the server's request and fault logs, and the
-violations the invariants found. Nothing the target started outlives the run.
+The server runs in this process on an ephemeral port; the target's rollout code runs in a
+worker process (`isolation="process"`, the default; optionally under another interpreter,
+`python=`), or as a task beside the server (`isolation="inline"`, for the reference targets'
+own tests and debugging). Whatever the target does (returns, raises, hangs, dies), the runner
+ends with one sample record per dispatched trajectory, the server's request and fault logs,
+and the violations the invariants found. Nothing the target started outlives the run.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from .replay.store import RecordedTrajectory
 from .server import BenchServer
 from .server.request_log import RequestRecord
 from .targets import DEFAULT_TARGET, ErrorInfo, RolloutJob, SampleRecord, TargetAdapter, TrajectorySpec
-from .targets import resolve_target
+from .isolation import IsolatedTarget, TargetCrashed, TargetStartError
+from .targets import check_target_spec, resolve_target
+from .targets.envs import target_python
 from .tokenizer import tokenizer_path
 
 DEFAULT_PLAN = "seed-000"
+ISOLATIONS = ("process", "inline")
 
 
 @dataclass
@@ -40,10 +45,20 @@ class RunConfig:
     concurrency: int = 64
     time_scale: float = 0.0
     watchdog_s: float = 30.0
+    startup_s: float = 300.0  # a worker's interpreter start and framework imports (not counted as a hang)
     invariants: list[str] | None = None
     bounds: Bounds = field(default_factory=Bounds)
     server_options: dict[str, Any] = field(default_factory=dict)
     target_options: dict[str, Any] = field(default_factory=dict)  # handed to the target as `job.options`
+    isolation: str = "process"  # "process": a worker process per run; "inline": a task in this process
+    python: str | None = None  # the worker's interpreter (default: the target's built environment, else this one)
+    worker_log: str | None = None  # where the worker's stderr goes (default: a temp file)
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"isolation {self.isolation!r} is not one of {', '.join(ISOLATIONS)}")
+        if self.python is not None and self.isolation != "process":
+            raise ValueError("python= needs isolation='process': another interpreter means another process")
 
 
 @dataclass
@@ -61,6 +76,10 @@ class RunResult:
     started: float
     duration_s: float
     orphans_cancelled: int
+    isolation: str = "inline"
+    worker: dict[str, Any] | None = None  # the worker process: interpreter, pid, CPU time, versions, log
+    bench_cpu_s: float = 0.0  # CPU this process (server, checks; the target too when inline) used during the run
+    target_returned_at: float | None = None  # unix time the rollout returned or raised
 
     @property
     def ok(self) -> bool:
@@ -72,6 +91,16 @@ def _spec(trajectory: RecordedTrajectory) -> TrajectorySpec:
     return TrajectorySpec(trajectory.id, trajectory.group_id, prompt, trajectory.prompt_text,
                           trajectory.prompt_messages, trajectory.prompt_tools, dict(trajectory.first_sampling_params),
                           len(trajectory.turns))
+
+
+async def _started(task: asyncio.Task[None], target: TargetAdapter, limit_s: float) -> bool:
+    """Wait until an isolated target's worker loaded it; False if it did not within `limit_s` seconds."""
+    if not isinstance(target, IsolatedTarget):
+        return True
+    ready = asyncio.create_task(target.started.wait())
+    await asyncio.wait({task, ready}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+    ready.cancel()
+    return task.done() or target.started.is_set()
 
 
 async def _watch(task: asyncio.Task[None], progress: Callable[[], tuple[int, int]], idle_s: float) -> bool:
@@ -100,10 +129,24 @@ async def _cancel(tasks: set[asyncio.Task[Any]], timeout: float = 10.0) -> None:
         await asyncio.wait(tasks, timeout=timeout)
 
 
+def _target(config: RunConfig) -> TargetAdapter:
+    if config.isolation == "inline":
+        return resolve_target(config.target)
+    check_target_spec(config.target)  # a typo fails here, not after a worker started
+    python = config.python or target_python(config.target)
+    return IsolatedTarget(config.target, python, config.worker_log)
+
+
+def _batch_error(error: BaseException) -> ErrorInfo:
+    if isinstance(error, TargetCrashed):
+        return error.info  # the original exception, as the worker saw it
+    return ErrorInfo.of(error)
+
+
 async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
     """Run one bench scenario to the end, whatever the target does."""
-    target: TargetAdapter = resolve_target(config.target)
-    started, clock = time.time(), time.monotonic()
+    target: TargetAdapter = _target(config)
+    started, clock, cpu = time.time(), time.monotonic(), time.process_time()
     async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
                            **config.server_options) as server:
         store = server.context.store
@@ -130,20 +173,30 @@ async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
 
         before = asyncio.all_tasks()
         task = asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
-        hung = await _watch(task, lambda: (len(records), len(server.log)), config.watchdog_s)
+        started_in_time = await _started(task, target, config.startup_s)
+        hung = not started_in_time or await _watch(task, lambda: (len(records), len(server.log)), config.watchdog_s)
+        idle_s = config.watchdog_s if started_in_time else config.startup_s
+        returned_at = None if hung else time.time()
         accepting = False
         bar.close()
         hang = batch_error = None
-        if hung:
+        if hung and isinstance(target, IsolatedTarget):
+            hang = HangReport(idle_s, await target.dump_stacks())
+        elif hung:
             pending = {t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()}
-            hang = HangReport(config.watchdog_s, [_stack(t) for t in pending])
+            hang = HangReport(idle_s, [_stack(t) for t in pending])
+        elif isinstance(task.exception(), TargetStartError):
+            raise task.exception()  # type: ignore[misc]
         elif task.exception() is not None:
-            batch_error = ErrorInfo.of(task.exception())  # type: ignore[arg-type]
+            batch_error = _batch_error(task.exception())  # type: ignore[arg-type]
+        if hung:
+            await _cancel({task})  # an isolated target's worker is killed, group and all
         orphans = {t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()}
         await _cancel(orphans)
+        isolated = target if isinstance(target, IsolatedTarget) else None
         for spec in specs:
             if spec.id not in records:
-                cause = batch_error or (ErrorInfo("Hang", f"no progress for {config.watchdog_s:g} s", "")
+                cause = batch_error or (ErrorInfo("Hang", f"no progress for {idle_s:g} s", "")
                                         if hang else ErrorInfo("Missing", "the target returned no record", ""))
                 records[spec.id] = SampleRecord(spec.id, spec.group, "lost", error=cause,
                                                 prompt_length=len(spec.prompt_ids))
@@ -155,4 +208,6 @@ async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
         violations = check_all(view, config.invariants)
         return RunResult(config, target.name, str(store.path), store.header.context_length, ordered,
                          view.requests, view.fault_events, violations, batch_error, hang, started, duration,
-                         len(orphans))
+                         isolated.leaked_tasks if isolated else len(orphans), config.isolation,
+                         isolated.describe() if isolated else None, time.process_time() - cpu,
+                         isolated.returned_at if isolated else returned_at)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from bench.replay import Generation
-from bench.tokenizer import ByteBPETokenizer
+if TYPE_CHECKING:  # types only: a target's worker imports the fault catalogue without the server's replay stack
+    from bench.replay import Generation
+    from bench.tokenizer import ByteBPETokenizer
 
 
 @dataclass

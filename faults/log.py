@@ -6,7 +6,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class FaultLog:
         return sorted(e.identity for e in self.events)
 
     def to_frame(self) -> pd.DataFrame:
+        import pandas as pd  # lazily: a target's worker process imports `faults` without pandas
+
         return pd.DataFrame([asdict(e) for e in self.events], columns=COLUMNS)
 
     def write_csv(self, path: str | Path) -> Path:

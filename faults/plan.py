@@ -173,3 +173,10 @@ def resolve_plan(spec: str) -> Plan:
     if spec in plans:
         return load_plan(plans[spec])
     raise PlanError(f"plan {spec!r}: no such file, and not a shipped plan ({', '.join(plans) or 'none'})")
+
+
+def rule_table(rule: Rule) -> dict[str, Any]:
+    """A rule as the flat values `make_rule` reads back (TOML `[[rules]]` shape): plans cross processes so."""
+    params = {k: v for k, v in rule.fault.describe().items() if v is not None}
+    schedule = {k: list(v) if isinstance(v, tuple) else v for k, v in rule.schedule.describe().items()}
+    return {"fault": rule.fault.name, "name": rule.name, **params, **schedule}

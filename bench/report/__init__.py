@@ -7,6 +7,7 @@ notebooks; `rollout-bench report DIR` re-renders the plots and prints the summar
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,15 @@ def write_report(result: RunResult, folder: str | Path, junit: str | Path | None
     (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     write_plots(tables, folder)
     write_junit(result, Path(junit) if junit else folder / "junit.xml")
+    _keep_worker_log(result, folder)
     return summary
+
+
+def _keep_worker_log(result: RunResult, folder: Path) -> None:
+    """The target's own output (framework logs, tracebacks) belongs with the run's evidence."""
+    log = Path(result.worker["log"]) if result.worker and result.worker.get("log") else None
+    if log is not None and log.exists() and log.resolve() != (folder / "worker.log").resolve():
+        shutil.copyfile(log, folder / "worker.log")
 
 
 def load(folder: str | Path) -> dict[str, Any]:

@@ -25,6 +25,14 @@ def _quantiles(series: pd.Series) -> dict[str, float | None]:
     return {f"p{q}": (round(float(clean.quantile(q / 100)), 6) if len(clean) else None) for q in (50, 90, 99)}
 
 
+def in_flight_at(requests: pd.DataFrame, moment: float | None) -> int:
+    """Requests the server was still serving at `moment` (the rollout's return): orphans of a crashed batch."""
+    if moment is None or requests.empty:
+        return 0
+    ended = requests["started"] + requests["latency_s"].fillna(float("inf"))
+    return int(((requests["started"] <= moment) & (ended > moment)).sum())
+
+
 def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, Any]:
     trajectories, requests = tables["trajectories"], tables["requests"]
     n = len(trajectories)
@@ -58,12 +66,21 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "violated_invariants": sorted({v.invariant for v in result.violations}),
         "throughput": {
             "trajectories_per_s": round(n / duration, 3),
+            "samples_per_s": round(int((~trajectories["outcome"].eq("lost")).sum()) / duration, 3),
             "requests_per_s": round(len(requests) / duration, 3),
             "output_tokens_per_s": round(float(requests["completion_tokens"].fillna(0).sum()) / duration, 3),
             "latency_s": _quantiles(requests["latency_s"]),
             "retry_amplification": round(len(requests.dropna(subset=["trajectory"])) / max(1, len(turns)), 4),
+            # how much of the wall time the bench itself used: server, fault engine, checks (and the target
+            # too when it runs inline); a real target's own CPU is reported beside it
+            "bench_cpu_s": round(result.bench_cpu_s, 3),
+            "bench_cpu_share": round(result.bench_cpu_s / duration, 4),
+            "target_cpu_s": None if result.worker is None else result.worker.get("cpu_s"),
         },
+        "isolation": result.isolation,
+        "worker": result.worker,
         "orphans_cancelled": result.orphans_cancelled,
+        "orphaned_requests": in_flight_at(requests, result.target_returned_at),
     }
 
 
@@ -79,8 +96,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     for fault, stats in summary["drop_rate_by_fault"].items():
         lines.append((f"  {fault}", f"{stats['drop_rate']:.2%} of {stats['trajectories']} hit"))
     throughput = summary["throughput"]
-    lines.append(("throughput", f"{throughput['trajectories_per_s']} traj/s, {throughput['requests_per_s']} req/s, "
+    lines.append(("throughput", f"{throughput.get('samples_per_s', throughput['trajectories_per_s'])} samples/s, {throughput['requests_per_s']} req/s, "
                                 f"{throughput['output_tokens_per_s']} tok/s"))
+    if "bench_cpu_s" in throughput:
+        lines.append(("bench overhead", f"{throughput['bench_cpu_s']} s CPU in the bench = "
+                                    f"{throughput['bench_cpu_share']:.0%} of the wall time"
+                                        + (f"; target {throughput['target_cpu_s']} s CPU"
+                                           if throughput['target_cpu_s'] is not None else "")))
+    if summary.get("orphaned_requests"):
+        lines.append(("orphaned requests", f"{summary['orphaned_requests']} still in flight when the rollout returned"))
     if summary["batch_error"]:
         lines.append(("batch error", f"{summary['batch_error']['type']}: {summary['batch_error']['message']}"))
     if summary["hang"]:

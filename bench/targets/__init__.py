@@ -19,15 +19,23 @@ REGISTRY: dict[str, str] = {
     "ref-replay-buffer": "bench.targets.ref_replay_buffer:RefReplayBuffer",
     "ref-scheduler": "bench.targets.ref_scheduler:RefScheduler",
     "ref-tool-loop": "bench.targets.ref_tool_loop:RefToolLoop",
+    "verifiers": "bench.targets.verifiers_env:VerifiersTarget",
     "miles": "bench.targets.miles:MilesTarget",
     "slime": "bench.targets.slime:SlimeTarget",
-    "verifiers": "bench.targets.verifiers_env:VerifiersTarget",
 }
 DEFAULT_TARGET = "ref-gather:unfixed"
 
 
 class TargetError(ValueError):
     """A target name or path that resolves to nothing usable."""
+
+
+def check_target_spec(spec: str) -> None:
+    """Fail early on a name that can never resolve, without importing the target (it may live in another venv)."""
+    name, _, variant = spec.partition(":")
+    if name in REGISTRY or ("." in name and variant):
+        return
+    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(REGISTRY)}; or give module:attr")
 
 
 def resolve_target(spec: str) -> TargetAdapter:
@@ -60,4 +68,5 @@ def resolve_target(spec: str) -> TargetAdapter:
 
 
 __all__ = ["DEFAULT_TARGET", "DROPPED_OUTCOMES", "Emit", "ErrorInfo", "OUTCOMES", "REGISTRY", "RolloutJob",
-           "SampleRecord", "TargetAdapter", "TargetError", "TrajectorySpec", "resolve_target"]
+           "SampleRecord", "TargetAdapter", "TargetError", "TrajectorySpec", "check_target_spec",
+           "resolve_target"]

@@ -1,0 +1,198 @@
+"""The harness side of process isolation: a target adapter that runs the real one in a worker.
+
+`IsolatedTarget` looks like any adapter to the runner (`name`, `fail_fast`, `run(job, emit)`),
+but `run` starts `python -m bench.isolation.worker` (under `python`, which may be another
+virtual environment's interpreter), relays the records it streams back, re-raises the
+rollout's exception as `TargetCrashed` with the original type, message and traceback, and
+kills the worker's whole process group whatever happened. The worker's stdout carries the
+protocol; its stderr (the target's logs) goes to `log_path`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..targets.base import Emit, RolloutJob
+from ..targets.record import ErrorInfo
+from .protocol import decode, error_from_dict, job_to_json, record_from_dict
+from .worker import TASK_MARKER
+
+LINE_LIMIT = 64 * 1024 * 1024  # one record line holds a whole trajectory's ids and logprobs
+
+
+class TargetStartError(RuntimeError):
+    """The worker could not load the target (unknown name, package missing from that interpreter)."""
+
+
+class TargetCrashed(RuntimeError):
+    """The rollout raised inside the worker; `info` is the original exception's type, message and traceback."""
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(f"{info.type}: {info.message}")
+        self.info = info
+
+
+class WorkerDied(RuntimeError):
+    """The worker process ended without saying the rollout finished (killed, segfault, os._exit)."""
+
+
+def _source_root() -> str:
+    """The folder holding the `bench` and `faults` packages, for a worker whose interpreter lacks them."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _worker_env(python: str) -> dict[str, str]:
+    env = dict(os.environ)
+    same = Path(python).resolve() == Path(sys.executable).resolve()
+    # The same interpreter sees what the harness sees (test-local plug-ins included); another one gets
+    # only the bench's source root, after its own site-packages, so its pinned libraries win.
+    entries = [p for p in sys.path if p and os.path.isdir(p)] if same else [_source_root(), os.getcwd()]
+    if env.get("PYTHONPATH"):
+        entries.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(entries))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"
+    return env
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _task_stacks(path: Path) -> list[str]:
+    """One entry per pending asyncio task (the worker separates them with its marker)."""
+    return [TASK_MARKER + chunk.strip() for chunk in _read(path).split(TASK_MARKER) if chunk.strip()]
+
+
+def _thread_stacks(path: Path) -> list[str]:
+    """One entry per thread, from faulthandler's blank-line separated blocks."""
+    return [chunk.strip() for chunk in _read(path).split("\n\n") if chunk.strip()]
+
+
+class IsolatedTarget:
+    """Runs target `spec` in a worker process under `python` (default: this interpreter)."""
+
+    def __init__(self, spec: str, python: str | None = None, log_path: str | Path | None = None) -> None:
+        self.spec = spec
+        self.python = python or sys.executable
+        self.name = spec
+        self.fail_fast = False
+        self.versions: dict[str, str] = {}
+        self.worker_pid: int | None = None
+        self.worker_cpu_s: float | None = None
+        self.leaked_tasks = 0
+        self.returned_at: float | None = None  # unix time the rollout returned or raised
+        self._scratch = Path(tempfile.mkdtemp(prefix="rollout-bench-worker-"))
+        self.log_path = Path(log_path) if log_path else self._scratch / "worker.log"
+        self._stacks_path = self._scratch / "stacks.txt"
+        self._process: asyncio.subprocess.Process | None = None
+        self.started = asyncio.Event()  # the worker loaded the target (its imports can take many seconds)
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        job_path = self._scratch / "job.json"
+        job_path.write_text(job_to_json(job))
+        with self.log_path.open("wb") as log:
+            try:
+                self._process = await asyncio.create_subprocess_exec(
+                    self.python, "-m", "bench.isolation.worker", str(job_path), self.spec, str(self._stacks_path),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log,
+                    env=_worker_env(self.python), start_new_session=True, limit=LINE_LIMIT)
+            except OSError as error:
+                raise TargetStartError(f"target {self.spec!r}: cannot start the worker interpreter "
+                                       f"{self.python}: {error}") from None
+        self.worker_pid = self._process.pid
+        try:
+            await self._relay(emit)
+        except asyncio.CancelledError:
+            self._kill()  # the watchdog gave up on it: no grace period
+            raise
+        finally:
+            await self._stop()
+
+    async def _relay(self, emit: Emit) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        crashed: ErrorInfo | None = None
+        done = False
+        line_number = 0
+        while line := await self._process.stdout.readline():
+            line_number += 1
+            message = decode(line, f"worker {self.spec} stdout line {line_number}")
+            kind = message["kind"]
+            if kind == "hello":
+                self.name, self.fail_fast = message["target"], bool(message["fail_fast"])
+                self.versions = message.get("versions", {})
+                self.started.set()
+            elif kind == "record":
+                emit(record_from_dict(message["record"]))
+            elif kind == "error":
+                crashed = error_from_dict(message["error"])
+                self.returned_at = time.time()
+            elif kind == "done":
+                self.returned_at = self.returned_at or time.time()
+                self.worker_cpu_s, self.leaked_tasks = message.get("cpu_s"), int(message.get("leaked_tasks", 0))
+                done = True
+                break
+            elif kind == "fatal":
+                error = error_from_dict(message["error"])
+                raise TargetStartError(f"target {self.spec!r} could not start under {self.python}: "
+                                       f"{error.type}: {error.message}\n{self._log_tail()}")
+        if not done:
+            status = await self._process.wait()
+            raise WorkerDied(f"worker for {self.spec!r} (pid {self.worker_pid}) exited with status {status} "
+                             f"before the rollout finished; its log, {self.log_path}, ends:\n{self._log_tail()}")
+        if crashed is not None:
+            raise TargetCrashed(crashed)
+
+    async def dump_stacks(self, settle_s: float = 0.5) -> list[str]:
+        """Every thread's stack and the pending asyncio tasks of a worker that stopped making progress."""
+        if self._process is None or self._process.returncode is not None:
+            return []
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):  # threads first (always works), then tasks (if the loop runs)
+            try:
+                os.kill(self._process.pid, sig)
+            except ProcessLookupError:
+                return []
+            await asyncio.sleep(settle_s)
+        return _task_stacks(self._stacks_path.with_name(self._stacks_path.name + ".tasks")) + \
+            _thread_stacks(self._stacks_path)
+
+    async def _stop(self) -> None:
+        """The worker exits by itself after `done`; anything else (hang, crash, cancel) is killed, group and all."""
+        process = self._process
+        if process is None:
+            return
+        if process.returncode is None:
+            try:
+                await asyncio.wait_for(asyncio.shield(process.wait()), timeout=5.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
+        self._kill()
+        if process.returncode is None:
+            await process.wait()
+
+    def _kill(self) -> None:
+        """SIGKILL the worker's process group: it leads its own session, so its children go too."""
+        if self._process is not None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no worker log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def describe(self) -> dict[str, Any]:
+        return {"spec": self.spec, "python": self.python, "pid": self.worker_pid, "cpu_s": self.worker_cpu_s,
+                "leaked_tasks": self.leaked_tasks, "versions": self.versions, "log": str(self.log_path)}

@@ -1,0 +1,92 @@
+"""What the harness and a target's worker process say to each other.
+
+The harness writes the `RolloutJob` as one JSON file; the worker answers on its stdout with
+one JSON object per line (the target's own prints are moved to stderr, so they cannot
+interleave with messages):
+
+- `{"kind": "hello", "target", "fail_fast", "pid", "python", "versions"}` once the adapter loaded;
+- `{"kind": "record", "record": {...}}` per sample record, as soon as the target emits it;
+- `{"kind": "error", "error": {type, message, traceback}}` if the rollout raised (the batch crashed);
+- `{"kind": "done", "cpu_s", "leaked_tasks"}` when `run` returned or raised;
+- `{"kind": "fatal", "error": {...}}` if the target could not even start (bad name, missing package).
+
+Plain JSON (not pickle) so the two sides may run different interpreters and library versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from faults.plan import make_rule, rule_table
+
+from ..targets.base import RolloutJob, TrajectorySpec
+from ..targets.record import ErrorInfo, SampleRecord
+
+MESSAGE_KINDS = ("hello", "record", "error", "done", "fatal")
+
+
+class ProtocolError(ValueError):
+    """A line from the worker that is not a message of this protocol (names the line)."""
+
+
+def job_to_json(job: RolloutJob) -> str:
+    return json.dumps({
+        "base_url": job.base_url,
+        "trajectories": [dataclasses.asdict(spec) for spec in job.trajectories],
+        "context_length": job.context_length,
+        "tokenizer_path": str(job.tokenizer_path),
+        "concurrency": job.concurrency,
+        "seed": job.seed,
+        "client_faults": [rule_table(rule) for rule in job.client_faults],
+        "options": job.options,
+    })
+
+
+def job_from_json(text: str) -> RolloutJob:
+    data = json.loads(text)
+    return RolloutJob(
+        base_url=data["base_url"],
+        trajectories=[TrajectorySpec(**spec) for spec in data["trajectories"]],
+        context_length=data["context_length"],
+        tokenizer_path=Path(data["tokenizer_path"]),
+        concurrency=data["concurrency"],
+        seed=data["seed"],
+        client_faults=[make_rule(table, table["name"]) for table in data["client_faults"]],
+        options=data["options"],
+    )
+
+
+def error_to_dict(error: ErrorInfo) -> dict[str, str]:
+    return dataclasses.asdict(error)
+
+
+def error_from_dict(data: dict[str, str]) -> ErrorInfo:
+    return ErrorInfo(data["type"], data["message"], data.get("traceback", ""))
+
+
+def record_to_dict(record: SampleRecord) -> dict[str, Any]:
+    return dataclasses.asdict(record)
+
+
+def record_from_dict(data: dict[str, Any]) -> SampleRecord:
+    data = dict(data)
+    error = data.pop("error", None)
+    return SampleRecord(**data, error=None if error is None else error_from_dict(error))
+
+
+def encode(kind: str, **fields: Any) -> bytes:
+    return (json.dumps({"kind": kind, **fields}, allow_nan=True) + "\n").encode()
+
+
+def decode(line: bytes, where: str) -> dict[str, Any]:
+    """One message; `where` names the line in errors (`worker stdout line 12`)."""
+    try:
+        message = json.loads(line)
+    except ValueError as error:
+        raise ProtocolError(f"{where}: not JSON ({error}): {line[:200]!r}") from None
+    if not isinstance(message, dict) or message.get("kind") not in MESSAGE_KINDS:
+        raise ProtocolError(f"{where}: not a worker message: {line[:200]!r}")
+    return message

@@ -1,0 +1,114 @@
+"""`python -m bench.isolation.worker JOB TARGET STACKS`: one target run in its own process.
+
+Frameworks bind HTTP clients and singletons to the first event loop, keep orphaned tasks
+alive after a crash and print freely; so a target runs here, alone, and the process ends
+(`os._exit`) the moment the rollout returns or raises: nothing it leaked survives into the
+harness or the next scenario. Messages go to the original stdout (see `protocol`); the
+target's own output is redirected to stderr, which the harness keeps as the worker log.
+
+On SIGUSR1 every thread's stack is written to STACKS (faulthandler: works even when the
+event loop is blocked); on SIGUSR2 the pending asyncio tasks' stacks go to STACKS.tasks
+(works when the loop is alive). The harness asks for both when its watchdog sees a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import io
+import os
+import platform
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..targets.record import ErrorInfo, SampleRecord
+from .protocol import encode, error_to_dict, job_from_json, record_to_dict
+
+
+class _Channel:
+    """The message stream: the process's original stdout, flushed per message."""
+
+    def __init__(self) -> None:
+        self._out: BinaryIO = os.fdopen(os.dup(1), "wb", buffering=0)
+        os.dup2(2, 1)  # the target's prints (and any child process's) go to the log, not the channel
+        sys.stdout = sys.stderr
+
+    def send(self, kind: str, **fields: Any) -> None:
+        self._out.write(encode(kind, **fields))
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata
+
+    out = {"python": platform.python_version()}
+    for package in ("miles-rl", "verifiers", "openai", "torch", "transformers", "aiohttp", "httpx"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+TASK_MARKER = "--- asyncio task "
+
+
+def _dump_tasks(stacks_path: Path, worker_task: asyncio.Task[Any] | None) -> None:
+    """The target's pending tasks (not the worker's own, which only awaits the target)."""
+    buffer = io.StringIO()
+    for task in asyncio.all_tasks() - {worker_task}:
+        buffer.write(f"{TASK_MARKER}{task.get_name()} ---\n")
+        task.print_stack(file=buffer)
+    tasks_path = stacks_path.with_name(stacks_path.name + ".tasks")
+    tasks_path.write_text(buffer.getvalue())
+
+
+async def _run(channel: _Channel, job_path: Path, target_spec: str, stacks_path: Path) -> int:
+    from ..targets import resolve_target
+
+    try:
+        job = job_from_json(job_path.read_text())
+        target = resolve_target(target_spec)
+    except BaseException as error:  # noqa: BLE001 - anything that stops the start is reported, then exit 3
+        channel.send("fatal", error=error_to_dict(ErrorInfo.of(error)))
+        return 3
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks, stacks_path,
+                                                    asyncio.current_task())
+    channel.send("hello", target=target.name, fail_fast=bool(target.fail_fast), pid=os.getpid(),
+                 python=sys.executable, versions=_versions())
+
+    def emit(record: SampleRecord) -> None:
+        channel.send("record", record=record_to_dict(record))
+
+    before = asyncio.all_tasks()
+    try:
+        await asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
+    except BaseException as error:  # noqa: BLE001 - the batch crashing is a result, reported in full
+        channel.send("error", error=error_to_dict(ErrorInfo.of(error)))
+    leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
+    channel.send("done", cpu_s=round(time.process_time(), 4), leaked_tasks=len(leaked))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        sys.stderr.write("usage: python -m bench.isolation.worker JOB.json TARGET STACKS\n")
+        raise SystemExit(2)
+    job_path, target_spec, stacks_path = Path(args[0]), args[1], Path(args[2])
+    channel = _Channel()
+    faulthandler.register(signal.SIGUSR1, file=stacks_path.open("w"), all_threads=True)
+    try:
+        status = asyncio.run(_run(channel, job_path, target_spec, stacks_path))
+    except BaseException:  # noqa: BLE001 - last resort: the harness reads the log
+        traceback.print_exc()
+        status = 4
+    sys.stderr.flush()
+    os._exit(status)  # no atexit, no joining the target's threads: its leftovers die with the process
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""Where each real target's virtual environment lives (built by `make targets`).
+
+Real frameworks pin heavy, conflicting dependencies (torch, ray, transformers; verifiers 0.1
+against 0.4), so each gets its own environment and runs there in a worker process; the bench
+itself stays light. `ROLLOUT_BENCH_TARGETS_DIR` moves the folder (default: `.targets` in the
+checkout the bench runs from, or the current directory for an installed bench).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# target name -> environment folder name; slime has no PyPI package and reuses the miles environment
+# (same dependency set: torch, transformers, httpx, aiohttp) unless a `slime` environment was built.
+TARGET_ENVS: dict[str, tuple[str, ...]] = {
+    "miles": ("miles",),
+    "slime": ("slime", "miles"),
+    "verifiers": ("verifiers",),
+}
+
+
+def targets_dir() -> Path:
+    configured = os.environ.get("ROLLOUT_BENCH_TARGETS_DIR")
+    if configured:
+        return Path(configured)
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").exists():
+        return checkout / ".targets"
+    return Path.cwd() / ".targets"
+
+
+def target_python(name: str) -> str | None:
+    """The interpreter of `name`'s environment, or None if it was not built (or `name` needs none)."""
+    for folder in TARGET_ENVS.get(name.partition(":")[0], ()):
+        python = targets_dir() / folder / "bin" / "python"
+        if python.exists():
+            return str(python)
+    return None

@@ -1,0 +1,120 @@
+"""Process isolation: a target's crash, hang, leak or chatter stays in its worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+from bench.isolation import IsolatedTarget
+from bench.isolation.protocol import job_from_json, job_to_json, record_from_dict, record_to_dict
+from bench.runner import RunConfig, RunResult, run
+from bench.targets import ErrorInfo, RolloutJob, SampleRecord, TrajectorySpec
+from bench.targets.envs import target_python
+from faults import resolve_plan
+
+
+def _run(target: str, **options: object) -> RunResult:
+    config = RunConfig(plan=resolve_plan("seed-000"), target=target, **options)  # type: ignore[arg-type]
+    return asyncio.run(run(config))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_job_and_records_cross_the_process_boundary_unchanged() -> None:
+    plan = resolve_plan("seed-004")
+    spec = TrajectorySpec("t-0", "g-0", [1, 2, 3], "hi", [{"role": "user", "content": "hi"}], None,
+                          {"max_new_tokens": 8, "temperature": 1.0}, 3)
+    job = RolloutJob("http://127.0.0.1:1", [spec], 4096, __import__("pathlib").Path("/tok"), 8, 4,
+                     list(plan.rules), {"mode": "eval"})
+    assert job_from_json(job_to_json(job)) == job
+    record = SampleRecord("t-0", "g-0", "aborted", "ABORTED", 3, [5], [float("nan")], [0], 1, 0.0, ["v1"],
+                          ErrorInfo("KeyError", "'x'", "Traceback ..."), {"error": {"class": "ModelError"}})
+    back = record_from_dict(record_to_dict(record))
+    assert back.error == record.error and back.details == record.details and back.logprobs[0] != back.logprobs[0]
+
+
+def test_process_and_inline_runs_see_the_same_faults_and_outcomes() -> None:
+    isolated, inline = _run("ref-gather:fixed", isolation="process"), _run("ref-gather:fixed", isolation="inline")
+    assert isolated.isolation == "process" and isolated.worker is not None and isolated.worker["pid"] != os.getpid()
+    assert [(e.rule, e.trajectory, e.turn, e.attempt) for e in isolated.fault_events] == \
+           [(e.rule, e.trajectory, e.turn, e.attempt) for e in inline.fault_events] != []
+    assert [(r.trajectory, r.outcome) for r in isolated.records] == [(r.trajectory, r.outcome) for r in inline.records]
+    assert isolated.ok and not _alive(isolated.worker["pid"])
+
+
+def test_the_rollouts_exception_arrives_with_its_original_type_and_traceback() -> None:
+    result = _run("ref-gather:unfixed", n=None)
+    assert result.batch_error is not None and result.batch_error.type == "InjectedFault"
+    assert "raise_if_poisoned" in result.batch_error.traceback
+    assert result.target_returned_at is not None and result.worker is not None
+
+
+def test_a_worker_that_dies_is_a_result_and_the_next_run_works() -> None:
+    died = _run("tests.isolation_targets:DiesHard", n=6)
+    assert died.batch_error is not None and died.batch_error.type == "WorkerDied"
+    assert "status 9" in died.batch_error.message
+    assert [r.outcome for r in died.records] == ["completed"] * 2 + ["lost"] * 4
+    assert {v.invariant for v in died.violations} >= {"batch_survival"}
+    again = _run("ref-gather:fixed", n=8, time_scale=0.0)
+    assert len(again.records) == 8 and again.batch_error is None
+
+
+def test_leaked_tasks_threads_and_stdout_chatter_stay_in_the_worker() -> None:
+    threads_before = {t.name for t in __import__("threading").enumerate()}
+    result = _run("tests.isolation_targets:LeaksAndRaises", n=5)
+    assert result.batch_error is not None and result.batch_error.type == "KeyError"
+    assert [r.outcome for r in result.records] == ["completed"] * 4 + ["lost"]
+    assert result.orphans_cancelled == 3  # the three tasks it left behind, counted by the worker
+    assert result.worker is not None and not _alive(result.worker["pid"])  # its non-daemon thread died with it
+    assert {t.name for t in __import__("threading").enumerate()} <= threads_before
+    log = open(result.worker["log"]).read()
+    assert "framework chatter on stdout" in log
+
+
+def test_a_blocked_event_loop_is_reported_as_a_hang_with_the_threads_stacks() -> None:
+    result = _run("tests.isolation_targets:BlocksTheLoop", n=4, watchdog_s=1.0)
+    assert result.hang is not None and result.hang.stacks
+    assert any("_spin_in_place" in stack for stack in result.hang.stacks)
+    assert [r.outcome for r in result.records] == ["completed"] + ["lost"] * 3
+    assert "liveness" in {v.invariant for v in result.violations}
+    assert result.worker is not None and not _alive(result.worker["pid"])
+
+
+def test_a_missing_interpreter_or_unknown_attribute_is_a_clear_start_error() -> None:
+    from bench.isolation import TargetStartError
+
+    with pytest.raises(TargetStartError, match="cannot start the worker interpreter /nonexistent/python"):
+        _run("ref-gather:fixed", n=2, python="/nonexistent/python")
+    with pytest.raises(TargetStartError, match="has no attribute 'Nothing'"):
+        _run("tests.isolation_targets:Nothing", n=2)
+
+
+def test_python_needs_a_process() -> None:
+    with pytest.raises(ValueError, match="isolation='process'"):
+        RunConfig(isolation="inline", python=sys.executable)
+    with pytest.raises(ValueError, match="isolation 'thread'"):
+        RunConfig(isolation="thread")
+
+
+@pytest.mark.skipif(target_python("verifiers") is None, reason="the verifiers environment is not built (make targets)")
+def test_a_target_runs_under_another_environments_interpreter() -> None:
+    python = target_python("verifiers")
+    assert python is not None
+    result = _run("tests.isolation_targets:ReportsInterpreter", n=3, python=python)
+    assert {r.details["python"] for r in result.records if r.details} == {python}
+    assert result.worker is not None and result.worker["versions"].get("verifiers") == "0.1.14"
+    assert "torch" not in result.worker["versions"]  # the bench pulls no torch into a target's environment
+
+
+def test_isolated_target_reports_its_worker() -> None:
+    target = IsolatedTarget("ref-gather:fixed")
+    assert target.describe()["python"] == sys.executable and target.describe()["pid"] is None
