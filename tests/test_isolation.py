@@ -118,3 +118,14 @@ def test_a_target_runs_under_another_environments_interpreter() -> None:
 def test_isolated_target_reports_its_worker() -> None:
     target = IsolatedTarget("ref-gather:fixed")
     assert target.describe()["python"] == sys.executable and target.describe()["pid"] is None
+
+
+def test_the_bench_core_stays_light_enough_for_a_training_environment() -> None:
+    """Teams install the bench beside their trainer: its own dependencies must not pin a stack."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    names = {dep.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().lower()
+             for dep in project["dependencies"]}
+    assert names and not names & {"torch", "ray", "transformers", "vllm", "sglang", "verifiers", "miles-rl"}
