@@ -129,3 +129,20 @@ def test_the_bench_core_stays_light_enough_for_a_training_environment() -> None:
     names = {dep.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().lower()
              for dep in project["dependencies"]}
     assert names and not names & {"torch", "ray", "transformers", "vllm", "sglang", "verifiers", "miles-rl"}
+
+
+def test_the_report_shows_throughput_bench_overhead_and_the_work_a_crash_threw_away(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from bench.report import write_report
+
+    crashed = _run("ref-gather:unfixed", time_scale=0.05)
+    summary = write_report(crashed, tmp_path / "crashed")
+    lost = {r.trajectory for r in crashed.records if r.outcome == "lost"}
+    served_for_lost = [q for q in crashed.requests if q.trajectory in lost]
+    assert lost and summary["orphaned_requests"] == len(served_for_lost) > 0
+    throughput = summary["throughput"]
+    assert throughput["samples_per_s"] == round((500 - len(lost)) / crashed.duration_s, 3)
+    assert throughput["bench_cpu_s"] > 0 and 0 < throughput["bench_cpu_share"] <= 2  # two cores at most
+    assert throughput["target_cpu_s"] > 0  # measured in the worker, apart from the bench's
+    assert (tmp_path / "crashed" / "worker.log").exists()
+    fixed = write_report(_run("ref-gather:fixed", n=40), tmp_path / "fixed")
+    assert fixed["orphaned_requests"] == 0 and fixed["isolation"] == "process"

@@ -134,9 +134,9 @@ class IsolatedTarget:
                 emit(record_from_dict(message["record"]))
             elif kind == "error":
                 crashed = error_from_dict(message["error"])
-                self.returned_at = time.time()
+                self.returned_at = float(message.get("at", time.time()))
             elif kind == "done":
-                self.returned_at = self.returned_at or time.time()
+                self.returned_at = self.returned_at or float(message.get("at", time.time()))
                 self.worker_cpu_s, self.leaked_tasks = message.get("cpu_s"), int(message.get("leaked_tasks", 0))
                 done = True
                 break

@@ -6,8 +6,9 @@ interleave with messages):
 
 - `{"kind": "hello", "target", "fail_fast", "pid", "python", "versions"}` once the adapter loaded;
 - `{"kind": "record", "record": {...}}` per sample record, as soon as the target emits it;
-- `{"kind": "error", "error": {type, message, traceback}}` if the rollout raised (the batch crashed);
-- `{"kind": "done", "cpu_s", "leaked_tasks"}` when `run` returned or raised;
+- `{"kind": "error", "error": {type, message, traceback}, "at"}` if the rollout raised (the batch crashed);
+- `{"kind": "done", "cpu_s", "leaked_tasks", "at"}` when `run` returned or raised (`at`: unix time, the
+  worker's clock, stamped before the worker exits and its open connections drop);
 - `{"kind": "fatal", "error": {...}}` if the target could not even start (bad name, missing package).
 
 Plain JSON (not pickle) so the two sides may run different interpreters and library versions.

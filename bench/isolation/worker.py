@@ -87,9 +87,9 @@ async def _run(channel: _Channel, job_path: Path, target_spec: str, stacks_path:
     try:
         await asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
     except BaseException as error:  # noqa: BLE001 - the batch crashing is a result, reported in full
-        channel.send("error", error=error_to_dict(ErrorInfo.of(error)))
+        channel.send("error", error=error_to_dict(ErrorInfo.of(error)), at=time.time())
     leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
-    channel.send("done", cpu_s=round(time.process_time(), 4), leaked_tasks=len(leaked))
+    channel.send("done", cpu_s=round(time.process_time(), 4), leaked_tasks=len(leaked), at=time.time())
     return 0
 
 

@@ -25,12 +25,16 @@ def _quantiles(series: pd.Series) -> dict[str, float | None]:
     return {f"p{q}": (round(float(clean.quantile(q / 100)), 6) if len(clean) else None) for q in (50, 90, 99)}
 
 
-def in_flight_at(requests: pd.DataFrame, moment: float | None) -> int:
-    """Requests the server was still serving at `moment` (the rollout's return): orphans of a crashed batch."""
-    if moment is None or requests.empty:
+def orphaned_requests(trajectories: pd.DataFrame, requests: pd.DataFrame, returned_at: float | None) -> int:
+    """Requests started before the rollout returned for trajectories it never gave back (outcome `lost`).
+
+    That is the work a crashed batch threw away: requests in flight when it went down (cut, or
+    answered to nobody) and answers that arrived before the crash but died with their group.
+    """
+    if returned_at is None or requests.empty:
         return 0
-    ended = requests["started"] + requests["latency_s"].fillna(float("inf"))
-    return int(((requests["started"] <= moment) & (ended > moment)).sum())
+    lost = set(trajectories.loc[trajectories["outcome"] == "lost", "trajectory"])
+    return int((requests["trajectory"].isin(lost) & (requests["started"] <= returned_at)).sum())
 
 
 def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, Any]:
@@ -80,7 +84,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "isolation": result.isolation,
         "worker": result.worker,
         "orphans_cancelled": result.orphans_cancelled,
-        "orphaned_requests": in_flight_at(requests, result.target_returned_at),
+        "orphaned_requests": orphaned_requests(trajectories, requests, result.target_returned_at),
     }
 
 
@@ -104,7 +108,7 @@ def format_summary(summary: dict[str, Any]) -> str:
                                         + (f"; target {throughput['target_cpu_s']} s CPU"
                                            if throughput['target_cpu_s'] is not None else "")))
     if summary.get("orphaned_requests"):
-        lines.append(("orphaned requests", f"{summary['orphaned_requests']} still in flight when the rollout returned"))
+        lines.append(("orphaned requests", f"{summary['orphaned_requests']} served for trajectories the crash lost"))
     if summary["batch_error"]:
         lines.append(("batch error", f"{summary['batch_error']['type']}: {summary['batch_error']['message']}"))
     if summary["hang"]:
