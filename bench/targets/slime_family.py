@@ -102,9 +102,8 @@ class Framework:
 
     def load(self, options: dict[str, Any]) -> Modules:
         self.prepare(options)
-        module = lambda rel: importlib.import_module(f"{self.root}.{rel}")  # noqa: E731
-        return Modules(module("rollout.sglang_rollout"), module("utils.http_utils"), module("utils.misc"),
-                       module("utils.types"), module("utils.eval_config"))
+        names = ("rollout.sglang_rollout", "utils.http_utils", "utils.misc", "utils.types", "utils.eval_config")
+        return Modules(*(importlib.import_module(f"{self.root}.{name}") for name in names))
 
     def version(self) -> str:
         raise NotImplementedError
@@ -251,7 +250,7 @@ class SlimeFamilyTarget:
         mods.http_utils.init_http_client(args)
         client = mods.http_utils._http_client
         if client is None:
-            raise OptionError(f"{self.framework.name}: init_http_client made no client (rollout engines: 0?)")
+            raise RuntimeError(f"{self.framework.name}: init_http_client made no client (rollout engines: 0?)")
         client.event_hooks["request"].append(plugins.name_request)
         trace = trace_for(job, options)
         recorded = RecordedTools.load(trace, job.trajectories) if trace is not None and trace.exists() else None
