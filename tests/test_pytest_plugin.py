@@ -185,3 +185,14 @@ def test_hypothesis_profile_is_chosen_explicitly_under_ci(pytester: pytest.Pytes
         assert any(database.rglob("*")), "the nightly profile kept no failing example"
     else:
         assert not database.exists()
+
+
+def test_readme_example_is_the_example_test_file() -> None:
+    """The README's copyable test file is tests/test_plugin_example.py, which the suite runs."""
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("A complete test file to copy"):]
+    block = section[section.index("```python\n") + len("```python\n"):section.index("\n```", section.index("```python"))]
+    source = (root / "tests" / "test_plugin_example.py").read_text(encoding="utf-8")
+    body = source[source.index("import json"):]
+    assert block.strip() == body.strip()
