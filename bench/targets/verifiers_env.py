@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -52,8 +51,6 @@ from .base import Emit, RolloutJob, TrajectorySpec
 from .ref_scheduler import RolloutState, schedule_groups
 from .ref_tool_loop import RecordedTools
 from .verifiers_records import record_of
-
-log = logging.getLogger(__name__)
 
 VARIANTS = ("unfixed", "fixed", "plain")
 ENVS = ("single_turn", "tool")
