@@ -88,7 +88,9 @@ def test_bad_options_name_the_option(tmp_path: Path) -> None:
     with pytest.raises(OptionError, match="no slime/rollout/sglang_rollout.py"):
         checkout({"slime_path": str(tmp_path)})
     with pytest.raises(TargetError, match="variants unfixed and patched"):
-        resolve_target("slime:fixed")
+        resolve_target("slime:repaired")
+    assert resolve_target("miles:fixed").patched and resolve_target("slime:patched").name == "slime:patched"
+    assert not resolve_target("miles").patched
 
 
 @needs_miles

@@ -225,13 +225,13 @@ class SlimeFamilyTarget:
     """One slime-family framework as a bench target; `patched` applies the fixed group pattern at run time."""
 
     framework: ClassVar[Framework]
-    variants: ClassVar[tuple[str, ...]] = ("unfixed", "patched")
+    variants: ClassVar[tuple[str, ...]] = ("unfixed", "patched", "fixed")  # fixed: patched, by the reference name
     fail_fast = False  # neither framework declares one trajectory's failure fatal to the batch
 
     def __init__(self, variant: str = "unfixed") -> None:
         if variant not in self.variants:
-            raise ValueError(f"{self.framework.name} has variants {' and '.join(self.variants)}, not {variant!r}")
-        self.patched = variant == "patched"
+            raise ValueError(f"{self.framework.name} has variants unfixed and patched (alias fixed), not {variant!r}")
+        self.patched = variant in ("patched", "fixed")
         self.name = f"{self.framework.name}:{variant}"
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
