@@ -157,7 +157,7 @@ async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
         plan = config.plan
         job = RolloutJob(server.url, specs, store.header.context_length, tokenizer_path(), config.concurrency,
                          plan.seed if plan else 0, [r for r in (plan.rules if plan else ()) if not r.fault.server_side],
-                         dict(config.target_options))
+                         {"trace": str(store.path), **config.target_options})
         records: dict[str, SampleRecord] = {}
         emitted: dict[str, int] = {}
         bar = progress_bar(total=len(specs), desc=target.name, enabled=show_progress)
@@ -174,6 +174,7 @@ async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
         before = asyncio.all_tasks()
         task = asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
         started_in_time = await _started(task, target, config.startup_s)
+        server.context.faults.start_clock()  # fault windows count from the target's start, not its imports
         hung = not started_in_time or await _watch(task, lambda: (len(records), len(server.log)), config.watchdog_s)
         idle_s = config.watchdog_s if started_in_time else config.startup_s
         returned_at = None if hung else time.time()

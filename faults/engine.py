@@ -49,6 +49,11 @@ class FaultEngine:
         self.log = FaultLog()
         self.started = time.monotonic()
 
+    def start_clock(self) -> None:
+        """Time windows count from now: the runner calls this once the target is loaded, so a framework's
+        slow imports (seconds for torch, verifiers) do not eat an outage window before its first request."""
+        self.started = time.monotonic()
+
     def swap(self, plan: Plan) -> Plan:
         """Replace the plan; returns the old one. Decisions already taken keep their rules."""
         old, self.plan = self.plan, plan
