@@ -213,3 +213,13 @@ def test_seed004_aborted_sample_is_trained_on(seed004: RunResult) -> None:
     assert _events(seed004, "g00000-3") == {"abort"} and record.outcome == "aborted"
     assert sum(record.loss_mask) > 0 and record.details["remove_sample"] is False
     assert "abort_contract" in _violations(seed004, "g00000-3")
+
+
+@needs_miles
+def test_seed004_fault_free_trajectory_replays_exactly(seed004: RunResult) -> None:
+    """miles' multi-turn requests match the recording turn by turn (tools replayed, tool turns tokenized with
+    the adapter's chat template) wherever no fault intervened."""
+    requests = [q for q in seed004.requests if q.trajectory == "g00000-0"]
+    assert _events(seed004, "g00000-0") == set() and len(requests) >= 2
+    assert [q.turn for q in requests] == list(range(len(requests)))
+    assert all(q.drift is None and q.attempt == 1 for q in requests)
