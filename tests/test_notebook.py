@@ -22,9 +22,10 @@ FIGURES = 5  # outcome/drop rate by fault, retries, throughput + latency, drop r
 
 @pytest.fixture(scope="module")
 def small_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two plans x both ref-gather variants x two rates, 60 trajectories each: every section has data."""
+    """The chaos plan (every fault type) x both ref-gather variants x two rates, 60 trajectories each:
+    every section of the notebook has data, in four runs."""
     out = tmp_path_factory.mktemp("notebook") / "sweep"
-    done = subprocess.run([sys.executable, "-m", "bench", "sweep", "--plan", "chaos,seed-000", "--target",
+    done = subprocess.run([sys.executable, "-m", "bench", "sweep", "--plan", "chaos", "--target",
                            "ref-gather:unfixed,ref-gather:fixed", "--rates", "0.02,0.1", "--seeds", "1", "--n", "60",
                            "--time-scale", "0", "--jobs", "2", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
@@ -77,16 +78,16 @@ def test_notebook_runs_end_to_end_on_fresh_sweep_data(small_sweep: Path, tmp_pat
     assert len(images) == FIGURES
     assert all(image.startswith(b"\x89PNG") and len(image) > 10_000 for image in images)
     printed = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
-    assert f"sweep: {small_sweep.resolve()} (8 runs)" in printed
+    assert f"sweep: {small_sweep.resolve()} (4 runs)" in printed
     assert "run:   " + str((small_sweep / "runs").resolve()) in printed  # defaulted to one of the sweep's runs
     assert "retry amplification:" in printed
 
 
 def test_notebook_reads_the_run_named_by_the_environment(small_sweep: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    [chosen] = sorted((small_sweep / "runs").glob("*-seed-000-ref-gather_unfixed-r0.1-s1"))
+    [chosen] = sorted((small_sweep / "runs").glob("*-chaos-ref-gather_unfixed-r0.1-s1"))
     monkeypatch.setenv("ROLLOUT_BENCH_SWEEP", str(small_sweep))
     monkeypatch.setenv("ROLLOUT_BENCH_RUN", str(chosen))
     printed = "".join(o.get("text", "") for o in _outputs(_execute(tmp_path)) if o["output_type"] == "stream")
     assert f"run:   {chosen.resolve()}" in printed
-    assert "ref-gather:unfixed" in printed and "seed-000 / 1" in printed  # the summary of that run, not another
+    assert "ref-gather:unfixed" in printed and "chaos / 1" in printed  # the summary of that run, not another
