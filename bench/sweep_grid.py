@@ -20,7 +20,7 @@ from typing import Any
 
 from faults import Plan, PlanError, Rule, resolve_plan
 
-from .targets import REGISTRY
+from .targets import TargetError, check_target_spec
 
 
 class SweepError(ValueError):
@@ -73,16 +73,13 @@ def parse_plans(text: str) -> list[Plan]:
 
 
 def parse_targets(text: str) -> list[str]:
-    """Target specs, checked as far as this process can (a `module:attr` may live in another interpreter)."""
+    """Target specs, checked without importing them (a target may live in another interpreter's venv)."""
     targets = split_list("--target", text)
     for spec in targets:
-        name, _, variant = spec.partition(":")
-        if name in REGISTRY:
-            if variant not in ("", "unfixed", "fixed"):
-                raise SweepError(f"--target {spec!r}: built-in targets have variants unfixed and fixed")
-        elif not ("." in name and variant):
-            raise SweepError(f"--target {spec!r}: unknown target; built in: {', '.join(REGISTRY)} "
-                             "(NAME[:unfixed|fixed]), or give package.module:attr")
+        try:
+            check_target_spec(spec)
+        except TargetError as error:
+            raise SweepError(f"--target: {error}") from None
     return list(dict.fromkeys(targets))
 
 
