@@ -155,8 +155,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import format_summary, rerender
+    from .report import format_summary, load_sweep, rerender
+    from .sweep_table import is_sweep_folder
 
+    if is_sweep_folder(args.folder):  # a sweep: one line per run, as its table has them
+        runs = load_sweep(args.folder)["runs"]
+        columns = [c for c in ("plan", "target", "rate", "seed", "outcome", "drop_rate", "violations") if c in runs]
+        print(runs[columns].to_string(index=False))
+        print(f"sweep: {Path(args.folder).resolve()} ({len(runs)} runs)")
+        return 0
     print(format_summary(rerender(args.folder)))
     print(f"report: {Path(args.folder).resolve()}")
     return 0
@@ -286,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--in-process", action="store_true", help="as for run: the target in the run's process")
     sweep.set_defaults(run=_cmd_sweep)
 
-    report = sub.add_parser("report", help="re-render a run's report folder and print its summary")
+    report = sub.add_parser("report", help="re-render a run's report folder, print its summary; or list a sweep's runs")
     report.add_argument("folder")
     report.set_defaults(run=_cmd_report)
 

@@ -167,6 +167,9 @@ def test_sweep_of_four_rates_by_three_seeds_over_the_500_trajectory_trace(tmp_pa
     one = load(loaded["runs"]["report"].iloc[-1])
     assert len(one["trajectories"]) == 500 and one["summary"]["seed"] == 3
     assert set(loaded["faults"]["fault"]) == {"raise_after_generate"}
+    listed = subprocess.run([sys.executable, "-m", "bench", "report", str(out)], capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    assert len([line for line in listed.stdout.splitlines() if "seed-000 ref-gather:fixed" in line]) == 12
 
 
 def _processes_mentioning(text: str) -> list[str]:
