@@ -389,8 +389,6 @@ def bench_run(request: pytest.FixtureRequest, bench_plan: "Plan | None", bench_t
         repro = write_repro(result, folder / "repro.toml")
         bench_result = BenchResult(result, folder, repro, summary)
         request.node.stash.setdefault(_RESULTS, []).append(bench_result)
-        request.node.user_properties.append(("bench_report", str(folder)))
-        request.node.user_properties.append(("bench_seed", str(bench_result.seed)))
         session.runs += 1
         session.failed_runs += not bench_result.ok
         return bench_result
