@@ -30,8 +30,9 @@ CONTEXT = 8192  # agentic-500's context length
 POISONED = "g00120-3"
 SEED_000 = [f"g0012{g}-{m}" for g in (0, 1) for m in range(4)]  # the poisoned group and the next one
 # Multi-turn: a reply that left the recording (poisoned, without ids) makes the replay answer later turns
-# as drifted attempts of an earlier one; the bound keeps the storm check out of these scenarios.
-BOUNDS = Bounds(max_requests_per_trajectory=100)
+# as drifted requests of its last recorded turn; retry_discipline tells them from retries by their length,
+# so the default bounds hold.
+BOUNDS = Bounds()
 # Under seed-004: g00000-1 loses its logprobs at turn 1, g00000-2's turn 2 becomes a 60000-byte tool call,
 # g00000-3 is aborted (not resubmitted), g00023-1's recorded tool output at turn 3 takes it to 8137 input
 # tokens, g00027-1 is aborted at turn 3 and resubmitted (stale-retry fires) with its group.

@@ -4,7 +4,10 @@ Two checks over the server's request log (joined with the fault log), per trajec
 
 - storm: the requests for one turn of one trajectory (its attempts: retries, replacement
   rollouts) stay within `bounds.max_requests_per_trajectory`. Counting per turn keeps long
-  multi-turn trajectories, which legitimately send one request per turn, out of it.
+  multi-turn trajectories, which legitimately send one request per turn, out of it. Attempts
+  are the same request sent again: same turn and same prompt length. A conversation that left
+  the recording (a drifted reply) keeps being identified as its last recorded turn, but each of
+  its new turns is longer, so they are not mistaken for retries.
 - terminal: once the trajectory got a terminal answer (a 503 carrying a `router_no_workers` or
   `outage` fault: "No available workers"), at most `bounds.max_requests_after_terminal` further
   requests are sent for it. Retrying into a dead fleet is what turns an outage into churn.
@@ -40,10 +43,10 @@ def check(view: RunView) -> list[Violation]:
     limit = view.bounds.max_requests_after_terminal
     out = []
     for trajectory, requests in by_trajectory.items():
-        per_turn: dict[int, list[RequestRecord]] = defaultdict(list)
+        per_request: dict[tuple[int, int], list[RequestRecord]] = defaultdict(list)
         for request in requests:
-            per_turn[request.turn or 0].append(request)
-        turn, attempts = max(per_turn.items(), key=lambda item: (len(item[1]), -item[0]))
+            per_request[(request.turn or 0, request.prompt_tokens or 0)].append(request)
+        (turn, _), attempts = max(per_request.items(), key=lambda item: (len(item[1]), -item[0][0]))
         if len(attempts) > bound:
             failed = sum(1 for r in attempts if r.status != 200)
             out.append(Violation(
