@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check --quiet
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test targets traces tokenizer clean
+.PHONY: demo test targets slime-env traces tokenizer clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollout-bench needs Python 3.11+"'
@@ -51,6 +51,18 @@ $(TARGETS_DIR)/verifiers/.built: envs/verifiers.txt envs/verifiers.lock
 	$(PYTHON) -m venv $(TARGETS_DIR)/verifiers
 	$(TARGETS_DIR)/verifiers/bin/python $(TPIP) install -r envs/verifiers.txt -c envs/verifiers.lock
 	$(TARGETS_DIR)/verifiers/bin/python -c 'import verifiers, openai; assert openai.__version__ == "2.36.0"'
+	touch $@
+
+# slime has no PyPI package: its environment is optional (the slime target falls back to miles' environment,
+# which lacks a few of slime's imports); its source comes from a checkout (--slime-path / ROLLOUT_BENCH_SLIME_PATH).
+slime-env: $(TARGETS_DIR)/slime/.built
+
+$(TARGETS_DIR)/slime/.built: envs/slime.txt envs/slime.lock
+	rm -rf $(TARGETS_DIR)/slime
+	$(PYTHON) -m venv $(TARGETS_DIR)/slime
+	$(TARGETS_DIR)/slime/bin/python $(TPIP) install torch==2.13.0
+	$(TARGETS_DIR)/slime/bin/python $(TPIP) install -r envs/slime.txt -c envs/slime.lock
+	$(TARGETS_DIR)/slime/bin/python -c 'import torch, transformers, ray; assert torch.version.cuda is None, "a CUDA torch got in"'
 	touch $@
 
 # Regenerate the shipped traces (a test checks they match these commands byte for byte).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import sys
 import threading
@@ -68,5 +69,6 @@ class ReportsInterpreter:
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         for spec in job.trajectories:
             record = _record(spec)
-            record.details = {"python": sys.executable, "pid": os.getpid()}
+            record.details = {"python": sys.executable, "pid": os.getpid(),
+                              "sees_pytest": importlib.util.find_spec("pytest") is not None}
             emit(record)

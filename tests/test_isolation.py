@@ -111,6 +111,7 @@ def test_a_target_runs_under_another_environments_interpreter() -> None:
     assert python is not None
     result = _run("tests.isolation_targets:ReportsInterpreter", n=3, python=python)
     assert {r.details["python"] for r in result.records if r.details} == {python}
+    assert not any(r.details["sees_pytest"] for r in result.records if r.details)  # not the bench's site-packages
     assert result.worker is not None and result.worker["versions"].get("verifiers") == "0.1.14"
     assert "torch" not in result.worker["versions"]  # the bench pulls no torch into a target's environment
 

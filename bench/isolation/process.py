@@ -21,8 +21,7 @@ from typing import Any
 
 from ..targets.base import Emit, RolloutJob
 from ..targets.record import ErrorInfo
-from .protocol import decode, error_from_dict, job_to_json, record_from_dict
-from .worker import TASK_MARKER
+from .protocol import TASK_MARKER, decode, error_from_dict, job_to_json, record_from_dict
 
 LINE_LIMIT = 64 * 1024 * 1024  # one record line holds a whole trajectory's ids and logprobs
 
@@ -50,7 +49,9 @@ def _source_root() -> str:
 
 def _worker_env(python: str) -> dict[str, str]:
     env = dict(os.environ)
-    same = Path(python).resolve() == Path(sys.executable).resolve()
+    # Same environment = same bin folder. Not `resolve()`: every venv's python is a symlink to one base
+    # interpreter, and resolving would hand another environment this one's site-packages.
+    same = Path(os.path.abspath(python)).parent == Path(os.path.abspath(sys.executable)).parent
     # The same interpreter sees what the harness sees (test-local plug-ins included); another one gets
     # only the bench's source root, after its own site-packages, so its pinned libraries win.
     entries = [p for p in sys.path if p and os.path.isdir(p)] if same else [_source_root(), os.getcwd()]

@@ -27,6 +27,7 @@ from ..targets.base import RolloutJob, TrajectorySpec
 from ..targets.record import ErrorInfo, SampleRecord
 
 MESSAGE_KINDS = ("hello", "record", "error", "done", "fatal")
+TASK_MARKER = "--- asyncio task "  # heads each task's stack in the worker's hang dump
 
 
 class ProtocolError(ValueError):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..targets.record import ErrorInfo, SampleRecord
-from .protocol import encode, error_to_dict, job_from_json, record_to_dict
+from .protocol import TASK_MARKER, encode, error_to_dict, job_from_json, record_to_dict
 
 
 class _Channel:
@@ -51,9 +51,6 @@ def _versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             pass
     return out
-
-
-TASK_MARKER = "--- asyncio task "
 
 
 def _dump_tasks(stacks_path: Path, worker_task: asyncio.Task[Any] | None) -> None:

@@ -7,6 +7,7 @@ A target is named `NAME[:VARIANT]` (`ref-gather:fixed`) or given as `module:attr
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any, Callable
 
 from .base import Emit, RolloutJob, TargetAdapter, TrajectorySpec
@@ -46,8 +47,9 @@ def resolve_target(spec: str) -> TargetAdapter:
         try:
             factory: Callable[[str], Any] = getattr(importlib.import_module(module_name), class_name)
             return factory(variant or "unfixed")  # type: ignore[no-any-return]
-        except ImportError:
-            raise TargetError(f"target {spec!r} is not available yet in this version") from None
+        except ImportError as error:
+            raise TargetError(f"target {spec!r} cannot be imported by {sys.executable}: {error} (build its "
+                              "environment with `make targets`, or pass --python)") from None
         except ValueError as error:
             raise TargetError(f"target {spec!r}: {error}") from None
     if "." in name and variant:
