@@ -45,10 +45,10 @@ def _python(name: str, variable: str) -> str | None:
 
 
 SLIME_PATH = os.environ.get(PATH_ENV)
-SLIME_PYTHON = _python("slime", "ROLLOUT_BENCH_SLIME_PYTHON") or _python("miles", "ROLLOUT_BENCH_MILES_PYTHON")
+SLIME_PYTHON = _python("slime", "ROLLOUT_BENCH_SLIME_PYTHON")
 MILES_PYTHON = _python("miles", "ROLLOUT_BENCH_MILES_PYTHON")
 needs_slime = pytest.mark.skipif(SLIME_PATH is None or SLIME_PYTHON is None,
-                                 reason=f"no slime checkout ({PATH_ENV}) or no environment to run it (make targets)")
+                                 reason=f"no slime checkout ({PATH_ENV}) or no environment to run it (make slime-env)")
 needs_miles = pytest.mark.skipif(MILES_PYTHON is None, reason="the miles environment is not built (make targets)")
 
 
@@ -139,3 +139,17 @@ def test_slime_with_user_plugins() -> None:
     assert result.batch_error is None and result.violations == []
     assert {r.reward for r in result.records} == {USER_REWARD}
     assert all(r.details["framework"].startswith("slime (source ") for r in result.records)
+
+
+@needs_slime
+def test_seed004_on_slime_single_turn_generate() -> None:
+    """seed-004 through slime's own (single-turn) generate: slime ships no multi-turn tool generator in its
+    package, so the tool-output rule cannot fire (vacuity says so); the abort and missing-logprob rules do."""
+    first_groups = [f"g{g:05d}-{m}" for g in range(12) for m in range(4)]
+    result = _run("slime", SLIME_PYTHON, resolve_plan("seed-004"), "agentic-500", first_groups, slime_path=SLIME_PATH)
+    fired = Counter(e.fault for e in result.fault_events)
+    assert fired["abort"] >= 1 and fired["missing_logprobs"] >= 1 and fired["oversized_tool_output"] == 0
+    aborted = {r.trajectory for r in result.records if r.outcome == "aborted"}
+    broken = {v.trajectory for v in result.violations if v.invariant == "abort_contract"}
+    assert aborted and broken and broken <= aborted  # slime's aborted samples keep their loss mask
+    assert "huge-tool-output" in " ".join(v.message for v in result.violations if v.invariant == "vacuity")

@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# target name -> environment folder name; slime has no PyPI package and reuses the miles environment
-# (same dependency set: torch, transformers, httpx, aiohttp) unless a `slime` environment was built.
+# target name -> environment folder names, first built wins (slime's is optional: `make slime-env`)
 TARGET_ENVS: dict[str, tuple[str, ...]] = {
     "miles": ("miles",),
-    "slime": ("slime", "miles"),
+    "slime": ("slime",),
     "verifiers": ("verifiers",),
 }
 
