@@ -97,7 +97,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     bounds = Bounds(max_weight_lag=args.max_weight_lag, max_requests_per_trajectory=args.max_requests,
                     run_budget_s=args.budget)
-    options: dict[str, Any] = dict(concurrency=args.concurrency, time_scale=args.time_scale, watchdog_s=args.watchdog,
+    # a repro replays one trajectory's events: recorded latencies add wall time and no overlap to it
+    time_scale = args.time_scale if args.time_scale is not None else (0.0 if args.repro else 0.05)
+    options: dict[str, Any] = dict(concurrency=args.concurrency, time_scale=time_scale, watchdog_s=args.watchdog,
                                    invariants=args.invariants.split(",") if args.invariants else None, bounds=bounds)
     if args.python:
         options["python"] = args.python
@@ -256,9 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target-option", action="append", metavar="KEY=VALUE", default=[],
                      help="any other option for the target adapter (repeatable; JSON values allowed)")
     run.add_argument("--concurrency", type=int, default=64, help="requests in flight at most (default 64)")
-    run.add_argument("--time-scale", type=float, default=0.05,
+    run.add_argument("--time-scale", type=float,
                      help="replay recorded latencies scaled by this (default 0.05: requests overlap as in "
-                          "production, a 500-trajectory run takes seconds; 0: as fast as possible)")
+                          "production, a 500-trajectory run takes seconds; with --repro 0: as fast as possible)")
     run.add_argument("--watchdog", type=float, default=30.0, help="seconds without progress before a hang (30)")
     run.add_argument("--invariants", help="comma-separated invariants to check (default all)")
     run.add_argument("--max-weight-lag", type=int, default=1, help="staleness bound in versions (default 1)")

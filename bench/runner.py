@@ -147,6 +147,17 @@ async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
     """Run one bench scenario to the end, whatever the target does."""
     target: TargetAdapter = _target(config)
     started, clock, cpu = time.time(), time.monotonic(), time.process_time()
+    if isinstance(target, IsolatedTarget):
+        await target.start(dict(config.target_options))  # its imports overlap the trace loading below
+    try:
+        return await _run_with(target, config, started, clock, cpu, show_progress)
+    finally:
+        if isinstance(target, IsolatedTarget):
+            await target.close()
+
+
+async def _run_with(target: TargetAdapter, config: RunConfig, started: float, clock: float, cpu: float,
+                    show_progress: bool) -> RunResult:
     async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
                            **config.server_options) as server:
         store = server.context.store

@@ -147,3 +147,28 @@ def test_the_report_shows_throughput_bench_overhead_and_the_work_a_crash_threw_a
     assert (tmp_path / "crashed" / "worker.log").exists()
     fixed = write_report(_run("ref-gather:fixed", n=40), tmp_path / "fixed")
     assert fixed["orphaned_requests"] == 0 and fixed["isolation"] == "process"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_started_before_the_trace_failed_to_load_is_not_left_behind(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The worker starts first (its imports overlap the trace loading); a bad trace must still end it."""
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("not json\n")
+    marker = "tests.isolation_targets:ReportsInterpreter"
+    with pytest.raises(Exception):
+        asyncio.run(run(RunConfig(trace=str(broken), target=marker)))
+    assert _processes_running(marker) == []
+
+
+def _processes_running(text: str) -> list[str]:
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended while we looked
+            continue
+        if text in command:
+            found.append(command)
+    return found

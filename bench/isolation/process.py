@@ -11,6 +11,7 @@ protocol; its stderr (the target's logs) goes to `log_path`.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -89,6 +90,8 @@ class IsolatedTarget:
         self.versions: dict[str, str] = {}
         self.worker_pid: int | None = None
         self.worker_cpu_s: float | None = None
+        self.startup_s: float | None = None  # the worker's interpreter start, target import and warm-up
+        self._spawned: float | None = None
         self.leaked_tasks = 0
         self.returned_at: float | None = None  # unix time the rollout returned or raised
         self._scratch = Path(tempfile.mkdtemp(prefix="rollout-bench-worker-"))
@@ -97,26 +100,45 @@ class IsolatedTarget:
         self._process: asyncio.subprocess.Process | None = None
         self.started = asyncio.Event()  # the worker loaded the target (its imports can take many seconds)
 
-    async def run(self, job: RolloutJob, emit: Emit) -> None:
-        job_path = self._scratch / "job.json"
-        job_path.write_text(job_to_json(job))
+    async def start(self, options: dict[str, Any]) -> None:
+        """Spawn the worker now, so it imports the framework while the harness loads the trace."""
+        if self._process is not None:
+            return
+        self._spawned = time.monotonic()
         with self.log_path.open("wb") as log:
             try:
                 self._process = await asyncio.create_subprocess_exec(
-                    self.python, "-m", "bench.isolation.worker", str(job_path), self.spec, str(self._stacks_path),
-                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log,
-                    env=_worker_env(self.python), start_new_session=True, limit=LINE_LIMIT)
+                    self.python, "-m", "bench.isolation.worker", self.spec, json.dumps(options),
+                    str(self._stacks_path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                    stderr=log, env=_worker_env(self.python), start_new_session=True, limit=LINE_LIMIT)
             except OSError as error:
                 raise TargetStartError(f"target {self.spec!r}: cannot start the worker interpreter "
                                        f"{self.python}: {error}") from None
         self.worker_pid = self._process.pid
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        await self.start(job.options)
+        assert self._process is not None and self._process.stdin is not None
+        job_path = self._scratch / "job.json"
+        job_path.write_text(job_to_json(job))
         try:
+            try:
+                self._process.stdin.write(f"{job_path}\n".encode())
+                await self._process.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the worker already ended (a start error): its messages say why
             await self._relay(emit)
         except asyncio.CancelledError:
             self._kill()  # the watchdog gave up on it: no grace period
             raise
         finally:
             await self._stop()
+
+    async def close(self) -> None:
+        """End a worker that was started but never given a job (the trace or server failed to load)."""
+        if self._process is not None and self._process.returncode is None:
+            self._kill()
+            await self._process.wait()
 
     async def _relay(self, emit: Emit) -> None:
         assert self._process is not None and self._process.stdout is not None
@@ -130,6 +152,7 @@ class IsolatedTarget:
             if kind == "hello":
                 self.name, self.fail_fast = message["target"], bool(message["fail_fast"])
                 self.versions = message.get("versions", {})
+                self.startup_s = round(time.monotonic() - (self._spawned or time.monotonic()), 3)
                 self.started.set()
             elif kind == "record":
                 emit(record_from_dict(message["record"]))
@@ -196,4 +219,5 @@ class IsolatedTarget:
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "python": self.python, "pid": self.worker_pid, "cpu_s": self.worker_cpu_s,
+                "startup_s": self.startup_s,
                 "leaked_tasks": self.leaked_tasks, "versions": self.versions, "log": str(self.log_path)}

@@ -1,4 +1,8 @@
-"""`python -m bench.isolation.worker JOB TARGET STACKS`: one target run in its own process.
+"""`python -m bench.isolation.worker TARGET OPTIONS STACKS`: one target run in its own process.
+
+The harness starts the worker first; it loads the target (and calls its optional
+`warm_up(options)`, where a framework's slow imports belong) while the harness loads the trace
+and starts the server, says `hello`, then reads the job file's path from stdin and runs it.
 
 Frameworks bind HTTP clients and singletons to the first event loop, keep orphaned tasks
 alive after a crash and print freely; so a target runs here, alone, and the process ends
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import io
+import json
 import os
 import platform
 import signal
@@ -63,12 +68,14 @@ def _dump_tasks(stacks_path: Path, worker_task: asyncio.Task[Any] | None) -> Non
     tasks_path.write_text(buffer.getvalue())
 
 
-async def _run(channel: _Channel, job_path: Path, target_spec: str, stacks_path: Path) -> int:
+async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], stacks_path: Path) -> int:
     from ..targets import resolve_target
 
     try:
-        job = job_from_json(job_path.read_text())
         target = resolve_target(target_spec)
+        warm_up = getattr(target, "warm_up", None)
+        if warm_up is not None:  # the framework's imports, while the harness loads its trace
+            await asyncio.to_thread(warm_up, options)
     except BaseException as error:  # noqa: BLE001 - anything that stops the start is reported, then exit 3
         channel.send("fatal", error=error_to_dict(ErrorInfo.of(error)))
         return 3
@@ -76,6 +83,10 @@ async def _run(channel: _Channel, job_path: Path, target_spec: str, stacks_path:
                                                     asyncio.current_task())
     channel.send("hello", target=target.name, fail_fast=bool(target.fail_fast), pid=os.getpid(),
                  python=sys.executable, versions=_versions())
+    job_line = await asyncio.to_thread(sys.stdin.readline)
+    if not job_line.strip():
+        return 0  # the harness gave up before sending a job (its trace or server failed to load)
+    job = job_from_json(Path(job_line.strip()).read_text())
 
     def emit(record: SampleRecord) -> None:
         channel.send("record", record=record_to_dict(record))
@@ -93,13 +104,13 @@ async def _run(channel: _Channel, job_path: Path, target_spec: str, stacks_path:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
-        sys.stderr.write("usage: python -m bench.isolation.worker JOB.json TARGET STACKS\n")
+        sys.stderr.write("usage: python -m bench.isolation.worker TARGET OPTIONS_JSON STACKS  (job path on stdin)\n")
         raise SystemExit(2)
-    job_path, target_spec, stacks_path = Path(args[0]), args[1], Path(args[2])
+    target_spec, options, stacks_path = args[0], json.loads(args[1]), Path(args[2])
     channel = _Channel()
     faulthandler.register(signal.SIGUSR1, file=stacks_path.open("w"), all_threads=True)
     try:
-        status = asyncio.run(_run(channel, job_path, target_spec, stacks_path))
+        status = asyncio.run(_run(channel, target_spec, options, stacks_path))
     except BaseException:  # noqa: BLE001 - last resort: the harness reads the log
         traceback.print_exc()
         status = 4

@@ -68,6 +68,11 @@ class VerifiersTarget:
         self.name = f"verifiers:{variant}"
         self.fail_fast = variant == "fixed"  # prime-rl#2579's declared policy: a terminal error fails the batch
 
+    def warm_up(self, options: dict[str, Any]) -> None:
+        """Import verifiers (seconds) before the job arrives: the worker calls this while the bench loads."""
+        import verifiers  # noqa: F401
+        import verifiers.clients  # noqa: F401
+
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         import verifiers as vf
         from verifiers.clients import resolve_client
