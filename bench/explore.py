@@ -19,11 +19,8 @@ derandomized on pull requests, randomized with a kept example database at night.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import dataclasses
 import hashlib
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,46 +30,18 @@ import hypothesis
 from hypothesis.errors import NoSuchExample
 from hypothesis.strategies import SearchStrategy
 
-from faults import Plan, Rule
+from faults import Plan
+from faults.plan import plan_to_toml
 from faults.strategies import sub_plans
 
 from .paths import DEFAULT_TRACE, resolve_trace
-from .runner import RunConfig, RunResult, run
+from .runner import RunConfig, RunResult, run_blocking
 from .trace.reader import open_binary
 
 META_INVARIANTS = frozenset({"vacuity"})  # about the plan, not the target: never what a search looks for
 
 
 # --- plans as TOML ----------------------------------------------------------------------------
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple, frozenset, set)):
-        items = sorted(value) if isinstance(value, (set, frozenset)) else value
-        return "[" + ", ".join(_toml_value(v) for v in items) + "]"
-    raise TypeError(f"cannot write {value!r} to a plan file")
-
-
-def rule_values(rule: Rule) -> dict[str, Any]:
-    """A rule as the flat keys of a plan file: `fault`, `name`, parameters, schedule."""
-    return {"fault": rule.fault.name, "name": rule.name, **rule.fault.describe(), **rule.schedule.describe()}
-
-
-def plan_to_toml(plan: Plan) -> str:
-    """A plan file that `faults.load_plan` reads back to the same rules and seed."""
-    lines = [f"name = {_toml_value(plan.name)}"]
-    if plan.description:
-        lines.append(f"description = {_toml_value(plan.description)}")
-    lines.append(f"seed = {plan.seed}")
-    for rule in plan.rules:
-        lines += ["", "[[rules]]"] + [f"{key} = {_toml_value(value)}" for key, value in rule_values(rule).items()]
-    return "\n".join(lines) + "\n"
-
 
 def write_plan(plan: Plan, path: str | Path) -> Path:
     path = Path(path)
@@ -86,16 +55,6 @@ def violated(result: RunResult, invariants: Iterable[str] | None = None) -> set[
     """The invariants the run broke (vacuity aside), limited to `invariants` when given."""
     names = {v.invariant for v in result.violations} - META_INVARIANTS
     return names if invariants is None else names & set(invariants)
-
-
-def run_blocking(config: RunConfig) -> RunResult:
-    """`bench.runner.run` from synchronous code, also when an event loop already runs in this thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(run(config))
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, run(config)).result()
 
 
 def prefix_trace(trace: str, n: int, folder: str | Path) -> Path:
@@ -261,5 +220,5 @@ def check_plan(target: str, plan: Plan, *, trace: str = DEFAULT_TRACE, trajector
     return result
 
 
-__all__ = ["Exploration", "PlanRunner", "check_plan", "explore", "plan_to_toml", "prefix_trace", "rule_values",
-           "run_blocking", "search_settings", "shrink_plan", "violated", "write_plan"]
+__all__ = ["Exploration", "PlanRunner", "check_plan", "explore", "plan_to_toml", "prefix_trace", "search_settings",
+           "shrink_plan", "violated", "write_plan"]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import pytest
 
 if TYPE_CHECKING:
-    from bench.runner import RunConfig, RunResult
+    from bench.runner import RunResult
     from bench.server import ServerThread
     from bench.targets import TrajectorySpec
     from faults import FaultEvent, Plan
@@ -338,21 +338,6 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120] or "run"
 
 
-def _run_blocking(config: "RunConfig") -> "RunResult":
-    """`bench.runner.run` from a test, also from an async test whose loop already runs in this thread."""
-    import asyncio
-    import concurrent.futures
-
-    from bench.runner import run
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(run(config))
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, run(config)).result()
-
-
 @pytest.fixture
 def bench_run(request: pytest.FixtureRequest, bench_plan: "Plan | None", bench_trace: str,
               tmp_path_factory: pytest.TempPathFactory) -> Callable[..., BenchResult]:
@@ -384,7 +369,9 @@ def bench_run(request: pytest.FixtureRequest, bench_plan: "Plan | None", bench_t
         session.used.add(folder)
         if folder.exists():
             shutil.rmtree(folder)  # a previous session's report: never mix its repro file with this run
-        result = _run_blocking(config)
+        from bench.runner import run_blocking
+
+        result = run_blocking(config)
         summary = write_report(result, folder)
         repro = write_repro(result, folder / "repro.toml")
         bench_result = BenchResult(result, folder, repro, summary)

@@ -8,31 +8,17 @@ exactly that attempt and runs only those trajectories, so the violation comes ba
 
 from __future__ import annotations
 
-import json
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from faults import Plan, PlanError, make_rule
+from faults.plan import toml_value
 
 from .runner import RunConfig, RunResult
 
 GROUP_LEVEL = {"group_completeness", "batch_survival"}
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot write {value!r} to TOML")
 
 
 def write_repro(result: RunResult, path: str | Path) -> Path | None:
@@ -50,21 +36,21 @@ def write_repro(result: RunResult, path: str | Path) -> Path | None:
     events = [e for e in result.fault_events if e.trajectory in involved]
     lines = [
         "# rollout-bench repro: rerun with `rollout-bench run --repro <this file>`",
-        f"trace = {_toml_value(result.config.trace)}",
-        f"target = {_toml_value(result.config.target)}",
-        f"target_options = {_toml_value(result.config.target_options)}",
-        f"isolation = {_toml_value(result.config.isolation)}",
+        f"trace = {toml_value(result.config.trace)}",
+        f"target = {toml_value(result.config.target)}",
+        f"target_options = {toml_value(result.config.target_options)}",
+        f"isolation = {toml_value(result.config.isolation)}",
         f"seed = {plan.seed if plan else 0}",
-        f"plan = {_toml_value(plan.name if plan else 'none')}",
-        f"invariant = {_toml_value(first.invariant)}",
-        f"message = {_toml_value(first.message)}",
-        f"trajectories = {_toml_value(sorted(involved))}",
+        f"plan = {toml_value(plan.name if plan else 'none')}",
+        f"invariant = {toml_value(first.invariant)}",
+        f"message = {toml_value(first.message)}",
+        f"trajectories = {toml_value(sorted(involved))}",
     ]
     for event in events:
         params = rules[event.rule].fault.describe() if event.rule in rules else {}
-        lines += ["", "[[events]]", f"rule = {_toml_value(event.rule)}", f"fault = {_toml_value(event.fault)}",
-                  f"trajectory = {_toml_value(event.trajectory)}", f"turn = {event.turn}",
-                  f"attempt = {event.attempt}", f"params = {_toml_value(params)}"]
+        lines += ["", "[[events]]", f"rule = {toml_value(event.rule)}", f"fault = {toml_value(event.fault)}",
+                  f"trajectory = {toml_value(event.trajectory)}", f"turn = {event.turn}",
+                  f"attempt = {event.attempt}", f"params = {toml_value(params)}"]
     path = Path(path)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

@@ -223,3 +223,15 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          isolated.leaked_tasks if isolated else len(orphans), config.isolation,
                          isolated.describe() if isolated else None, time.process_time() - cpu,
                          isolated.returned_at if isolated else returned_at)
+
+
+def run_blocking(config: RunConfig) -> RunResult:
+    """`run` from synchronous code, also when an event loop already runs in this thread (an async test)."""
+    import concurrent.futures
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run(config))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run(config)).result()

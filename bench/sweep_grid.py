@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 from faults import Plan, PlanError, Rule, resolve_plan
+from faults.plan import plan_to_toml
 
 from .targets import TargetError, check_target_spec
 
@@ -127,34 +127,7 @@ def build_grid(plans: list[Plan], targets: list[str], rates: list[Fraction], see
     return points
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, Fraction):
-        return f'"{value}"'
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(value, (list, tuple, frozenset, set)):
-        items = sorted(value) if isinstance(value, (frozenset, set)) else value
-        return "[" + ", ".join(_toml_value(v) for v in items) + "]"
-    raise SweepError(f"cannot write {value!r} to a plan file")
-
-
-def plan_toml(plan: Plan) -> str:
-    """The plan as a TOML plan file that `rollout-bench run --plan` loads back to the same rules."""
-    lines = [f"name = {_toml_value(plan.name)}", f"description = {_toml_value(plan.description)}",
-             f"seed = {plan.seed}"]
-    for rule in plan.rules:
-        lines += ["", "[[rules]]", f"name = {_toml_value(rule.name)}", f"fault = {_toml_value(rule.fault.name)}"]
-        values = {**rule.fault.describe(), **{f.name: getattr(rule.schedule, f.name)
-                                               for f in dataclasses.fields(rule.schedule)}}
-        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
-    return "\n".join(lines) + "\n"
-
-
 def write_plan(plan: Plan, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(plan_toml(plan), encoding="utf-8")
+    path.write_text(plan_to_toml(plan), encoding="utf-8")
     return path

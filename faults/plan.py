@@ -13,9 +13,11 @@ schedule keys (`p`, `every`, `first`, `trajectories`, `groups`, `turns`, `attemp
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +182,32 @@ def rule_table(rule: Rule) -> dict[str, Any]:
     params = {k: v for k, v in rule.fault.describe().items() if v is not None}
     schedule = {k: list(v) if isinstance(v, tuple) else v for k, v in rule.schedule.describe().items()}
     return {"fault": rule.fault.name, "name": rule.name, **params, **schedule}
+
+
+def toml_value(value: Any) -> str:
+    """One TOML value: plan files, sweep plans and repro files are all written through here."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Fraction):
+        return json.dumps(str(value))
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON string escapes are TOML basic-string escapes
+    if isinstance(value, (list, tuple, frozenset, set)):
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        return "[" + ", ".join(toml_value(v) for v in items) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} to TOML")
+
+
+def plan_to_toml(plan: Plan) -> str:
+    """A plan file that `load_plan` reads back to the same rules and seed."""
+    lines = [f"name = {toml_value(plan.name)}"]
+    if plan.description:
+        lines.append(f"description = {toml_value(plan.description)}")
+    lines.append(f"seed = {plan.seed}")
+    for rule in plan.rules:
+        lines += ["", "[[rules]]"] + [f"{key} = {toml_value(value)}" for key, value in rule_table(rule).items()]
+    return "\n".join(lines) + "\n"

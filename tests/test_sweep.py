@@ -16,7 +16,8 @@ import pytest
 from bench.cli import main
 from bench.report import load
 from bench.report.intervals import wilson
-from bench.sweep_grid import SweepError, at_rate, build_grid, parse_rates, plan_toml
+from bench.sweep_grid import SweepError, at_rate, build_grid, parse_rates
+from faults.plan import plan_to_toml
 from bench.sweep_table import Finished, outcome_of
 from faults import resolve_plan, shipped_plans
 from faults.plan import parse_plan
@@ -63,7 +64,7 @@ def test_swept_plans_round_trip_through_plan_files(name: str) -> None:
     plan = resolve_plan(name)
     for rate in (Fraction(0), Fraction(1, 400), Fraction(3, 10), Fraction(1)):
         swept = at_rate(plan, rate).with_seed(5)
-        back = parse_plan(plan_toml(swept), f"<{name} at {rate}>")
+        back = parse_plan(plan_to_toml(swept), f"<{name} at {rate}>")
         assert [r.describe() for r in back.rules] == [r.describe() for r in swept.rules]
         assert (back.name, back.seed) == (plan.name, 5)
 
