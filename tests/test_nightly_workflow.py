@@ -25,23 +25,12 @@ from bench.hypothesis_profiles import NIGHTLY, resolve
 from bench.paths import resolve_trace
 from bench.targets import resolve_target
 from faults import resolve_plan
+from tests.plans_for_tests import POISON_PLAN
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"
 BIN = Path(sys.executable).parent
 REGRESSION = "Run the regression plans"
-POISON_PLAN = """
-name = "poison"
-seed = 5
-
-[[rules]]
-name = "poison-one"
-fault = "raise_after_generate"
-trajectories = "g00001-2"
-turns = "0"
-"""
-
-
 @pytest.fixture(scope="module")
 def workflow() -> dict[str, Any]:
     return yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))  # type: ignore[no-any-return]

@@ -16,19 +16,9 @@ import pytest
 import bench.report  # noqa: F401
 import bench.repro  # noqa: F401
 import bench.server  # noqa: F401
+from tests.plans_for_tests import POISON_PLAN
 
 pytest_plugins = ["pytester"]
-
-POISON_PLAN = """
-name = "poison"
-seed = 5
-
-[[rules]]
-name = "poison-one"
-fault = "raise_after_generate"
-trajectories = "g00001-2"
-turns = "0"
-"""
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ g00120-3's first turn; each scenario is one worker run, shared by the tests that
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from bench.invariants import Bounds
 from bench.repro import load_repro, write_repro
 from bench.runner import RunConfig, RunResult, run
 from bench.targets import SampleRecord
+from bench.targets.envs import target_python
 from faults import Plan, resolve_plan
 
 CONTEXT = 8192  # agentic-500's context length
@@ -40,20 +40,7 @@ SEED_004 = ["g00000-0", "g00000-1", "g00000-2", "g00000-3", "g00023-1",
             "g00027-0", "g00027-1", "g00027-2", "g00027-3"]
 
 
-def _miles_python() -> str | None:
-    """The miles environment's interpreter, or None when it was not built."""
-    configured = os.environ.get("ROLLOUT_BENCH_MILES_PYTHON")
-    if configured:
-        return configured if Path(configured).exists() else None
-    try:
-        from bench.targets.envs import target_python
-    except ImportError:
-        default = Path(__file__).resolve().parents[1] / ".targets" / "miles" / "bin" / "python"
-        return str(default) if default.exists() else None
-    return target_python("miles")
-
-
-PYTHON = _miles_python()
+PYTHON = target_python("miles")  # or ROLLOUT_BENCH_MILES_PYTHON
 needs_miles = pytest.mark.skipif(PYTHON is None, reason="the miles environment is not built (make targets)")
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from bench.runner import RunConfig, RunResult, run
 from bench.targets import RolloutJob, TargetError, TrajectorySpec, resolve_target
+from bench.targets.envs import target_python
 from bench.targets.slime import PATH_ENV, Slime, checkout
 from bench.targets.slime_family import OptionError, build_args, check_options
 from faults import Plan, resolve_plan
@@ -32,21 +33,9 @@ USER_PLUGINS = {"custom_generate_function_path": "tests.slime_family_helpers.mar
                 "custom_rm_path": "tests.slime_family_helpers.marked_reward"}
 
 
-def _python(name: str, variable: str) -> str | None:
-    configured = os.environ.get(variable)
-    if configured:
-        return configured if Path(configured).exists() else None
-    try:
-        from bench.targets.envs import target_python
-    except ImportError:
-        default = Path(__file__).resolve().parents[1] / ".targets" / name / "bin" / "python"
-        return str(default) if default.exists() else None
-    return target_python(name)
-
-
 SLIME_PATH = os.environ.get(PATH_ENV)
-SLIME_PYTHON = _python("slime", "ROLLOUT_BENCH_SLIME_PYTHON")
-MILES_PYTHON = _python("miles", "ROLLOUT_BENCH_MILES_PYTHON")
+SLIME_PYTHON = target_python("slime")  # or ROLLOUT_BENCH_SLIME_PYTHON
+MILES_PYTHON = target_python("miles")
 needs_slime = pytest.mark.skipif(SLIME_PATH is None or SLIME_PYTHON is None,
                                  reason=f"no slime checkout ({PATH_ENV}) or no environment to run it (make slime-env)")
 needs_miles = pytest.mark.skipif(MILES_PYTHON is None, reason="the miles environment is not built (make targets)")

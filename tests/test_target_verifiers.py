@@ -9,9 +9,7 @@ are set to one (`max_retries=1`) so its retry shows in the request counts withou
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +18,7 @@ from bench.invariants import Bounds
 from bench.paths import shipped_trace
 from bench.runner import RunConfig, RunResult, run
 from bench.targets import SampleRecord, TargetError, resolve_target
+from bench.targets.envs import target_python
 from bench.targets.ref_scheduler import reschedules
 from bench.targets.verifiers_records import assemble
 from bench.trace import Trajectory, open_trace
@@ -38,20 +37,7 @@ OVERFLOW = {"g00097-0": 2, "g00097-3": 2}  # recorded: the request of this turn 
 MAX_RESCHEDULES = 4
 
 
-def _verifiers_python() -> str | None:
-    """The verifiers environment's interpreter, or None when it was not built."""
-    configured = os.environ.get("ROLLOUT_BENCH_VERIFIERS_PYTHON")
-    if configured:
-        return configured if Path(configured).exists() else None
-    try:
-        from bench.targets.envs import target_python
-    except ImportError:
-        default = Path(__file__).resolve().parents[1] / ".targets" / "verifiers" / "bin" / "python"
-        return str(default) if default.exists() else None
-    return target_python("verifiers")
-
-
-PYTHON = _verifiers_python()
+PYTHON = target_python("verifiers")  # or ROLLOUT_BENCH_VERIFIERS_PYTHON
 needs_verifiers = pytest.mark.skipif(PYTHON is None, reason="the verifiers environment is not built (make targets)")
 
 

@@ -30,8 +30,16 @@ def targets_dir() -> Path:
 
 
 def target_python(name: str) -> str | None:
-    """The interpreter of `name`'s environment, or None if it was not built (or `name` needs none)."""
-    for folder in TARGET_ENVS.get(name.partition(":")[0], ()):
+    """The interpreter of `name`'s environment, or None if it was not built (or `name` needs none).
+
+    `ROLLOUT_BENCH_<NAME>_PYTHON` (e.g. `ROLLOUT_BENCH_MILES_PYTHON`) names another one; it counts only
+    if it exists, so a test asking for it skips rather than failing on a stale path.
+    """
+    family = name.partition(":")[0]
+    configured = os.environ.get(f"ROLLOUT_BENCH_{family.upper().replace('-', '_')}_PYTHON")
+    if configured:
+        return configured if Path(configured).exists() else None
+    for folder in TARGET_ENVS.get(family, ()):
         python = targets_dir() / folder / "bin" / "python"
         if python.exists():
             return str(python)
