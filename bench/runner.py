@@ -20,14 +20,14 @@ from typing import Any, Callable
 from faults import FaultEvent, Plan
 
 from .invariants import Bounds, HangReport, RunView, Violation, check_all
+from .isolation import IsolatedTarget, TargetCrashed, TargetStartError
 from .paths import DEFAULT_TRACE
 from .progress import progress_bar
 from .replay.store import RecordedTrajectory
 from .server import BenchServer
 from .server.request_log import RequestRecord
-from .targets import DEFAULT_TARGET, ErrorInfo, RolloutJob, SampleRecord, TargetAdapter, TrajectorySpec
-from .isolation import IsolatedTarget, TargetCrashed, TargetStartError
-from .targets import check_target_spec, resolve_target
+from .targets import (DEFAULT_TARGET, ErrorInfo, RolloutJob, SampleRecord, TargetAdapter, TrajectorySpec,
+                      check_target_spec, resolve_target)
 from .targets.envs import target_python
 from .tokenizer import tokenizer_path
 

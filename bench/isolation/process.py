@@ -201,6 +201,7 @@ class IsolatedTarget:
         self._kill()
         if process.returncode is None:
             await process.wait()
+        (self._scratch / "job.json").unlink(missing_ok=True)  # a whole batch of prompts: not kept per run
 
     def _kill(self) -> None:
         """SIGKILL the worker's process group: it leads its own session, so its children go too."""
