@@ -38,3 +38,22 @@ def test_tokenizer_and_traces_commands() -> None:
     assert (Path(run.stdout.strip()) / "tokenizer.json").is_file()
     listing = subprocess.run([sys.executable, "-m", "bench", "traces"], capture_output=True, text=True, check=True)
     assert "agentic-500" in listing.stdout and "rlvr-500" in listing.stdout
+
+
+def test_run_target_flags_reach_the_worker_or_fail_clearly(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """--python and --target-option are checked before anything runs, and name what is wrong."""
+    assert main(["run", "--target", "ref-gather:fixed", "--n", "4", "--target-option", "no-equals-sign",
+                 "--out", str(tmp_path / "a")]) == 2
+    assert "--target-option 'no-equals-sign': expected KEY=VALUE" in capsys.readouterr().err
+    assert main(["run", "--target", "ref-gather:fixed", "--n", "4", "--python", str(tmp_path / "no-python"),
+                 "--out", str(tmp_path / "b")]) == 2
+    assert f"cannot start the worker interpreter {tmp_path / 'no-python'}" in capsys.readouterr().err
+    # a JSON value arrives typed: the scheduler's safety valve as an int
+    assert main(["run", "--target", "ref-scheduler:unfixed", "--plan", "seed-003", "--n", "8", "--time-scale", "0",
+                 "--target-option", "max_reschedules=2", "--out", str(tmp_path / "c")]) in (0, 1)
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    # the worker's scheduler obeyed it: 2 groups + 2 replacement groups of 4 during the outage, no more
+    assert len(pd.read_csv(tmp_path / "c" / "requests.csv")) == 4 * (2 + 2)
+    assert summary["isolation"] == "process" and summary["worker"]["python"] == sys.executable
+    repro = (tmp_path / "c" / "repro.toml").read_text()  # seed-003's 429 rule never fires on 8: vacuity
+    assert 'target_options = {"max_reschedules" = 2}' in repro
