@@ -92,7 +92,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .invariants import Bounds
     from .repro import load_repro, write_repro
-    from .report import format_summary, write_report
     from .runner import DEFAULT_PLAN, RunConfig, run
 
     bounds = Bounds(max_weight_lag=args.max_weight_lag, max_requests_per_trajectory=args.max_requests,
@@ -116,7 +115,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
           f"seed={plan.seed if plan else None}", file=sys.stderr)
-    result = asyncio.run(run(config, show_progress=True))
+    result = asyncio.run(run(config, show_progress=True, while_starting=_load_report_writer))
+    from .report import format_summary, write_report
+
     summary = write_report(result, out, junit=args.junit)
     print(format_summary(summary))
     print(f"report: {out.resolve()}")
@@ -124,6 +125,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if repro is not None:
         print(f"repro: {repro.resolve()}  (rerun: rollout-bench run --repro {repro})")
     return 0 if result.ok else 1
+
+
+def _load_report_writer() -> None:
+    """Import the report writer (pandas, matplotlib) and draw once, while the run's worker starts."""
+    from .report import plots
+
+    plots.warm_up()
 
 
 def _target_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,7 +24,6 @@ from .isolation import IsolatedTarget, TargetCrashed, TargetStartError
 from .paths import DEFAULT_TRACE
 from .progress import progress_bar
 from .replay.store import RecordedTrajectory
-from .server import BenchServer
 from .server.request_log import RequestRecord
 from .targets import (DEFAULT_TARGET, ErrorInfo, RolloutJob, SampleRecord, TargetAdapter, TrajectorySpec,
                       check_target_spec, resolve_target)
@@ -143,21 +142,30 @@ def _batch_error(error: BaseException) -> ErrorInfo:
     return ErrorInfo.of(error)
 
 
-async def run(config: RunConfig, *, show_progress: bool = False) -> RunResult:
-    """Run one bench scenario to the end, whatever the target does."""
+async def run(config: RunConfig, *, show_progress: bool = False,
+              while_starting: Callable[[], None] | None = None) -> RunResult:
+    """Run one bench scenario to the end, whatever the target does.
+
+    `while_starting` runs on a thread while the worker imports the target (the command line loads its
+    report writer there): on a framework that takes seconds to import, that time is otherwise idle."""
     target: TargetAdapter = _target(config)
     started, clock, cpu = time.time(), time.monotonic(), time.process_time()
     if isinstance(target, IsolatedTarget):
         await target.start(dict(config.target_options))  # its imports overlap the trace loading below
+    side_work = asyncio.create_task(asyncio.to_thread(while_starting)) if while_starting else None
     try:
         return await _run_with(target, config, started, clock, cpu, show_progress)
     finally:
+        if side_work is not None:
+            await side_work
         if isinstance(target, IsolatedTarget):
             await target.close()
 
 
 async def _run_with(target: TargetAdapter, config: RunConfig, started: float, clock: float, cpu: float,
                     show_progress: bool) -> RunResult:
+    from .server import BenchServer  # after the worker's start: aiohttp's server is a few hundred ms to import
+
     async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
                            **config.server_options) as server:
         store = server.context.store

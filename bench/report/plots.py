@@ -61,6 +61,18 @@ def throughput(requests: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def warm_up() -> None:
+    """Draw one throwaway figure: matplotlib loads its fonts and renderer on the first draw (~0.5 s), which
+    `rollout-bench run` does while its worker process is still importing the target, not after the run."""
+    import io
+
+    fig, ax = plt.subplots(figsize=(2, 1))
+    ax.set_title("warm-up")
+    fig.tight_layout()
+    fig.savefig(io.BytesIO(), dpi=100)
+    plt.close(fig)
+
+
 def write_plots(tables: dict[str, pd.DataFrame], folder: Path) -> list[Path]:
     return [outcomes_by_fault(tables["trajectories"], folder / "outcomes_by_fault.png"),
             request_timeline(tables["requests"], tables["faults"], folder / "request_timeline.png"),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -44,7 +45,9 @@ class RequestLog:
     def __len__(self) -> int:
         return len(self.records)
 
-    def to_frame(self) -> pd.DataFrame:
+    def to_frame(self) -> "pd.DataFrame":
+        import pandas as pd  # only reports need it: the harness and the worker start faster without
+
         return pd.DataFrame([asdict(r) for r in self.records], columns=COLUMNS)
 
     def write_csv(self, path: str | Path) -> Path:
