@@ -21,7 +21,7 @@ from faults import FaultEvent, Plan
 
 from .invariants import Bounds, HangReport, RunView, Violation, check_all
 from .isolation import IsolatedTarget, TargetCrashed, TargetStartError
-from .paths import DEFAULT_TRACE
+from .paths import DEFAULT_TRACE, resolve_trace
 from .progress import progress_bar
 from .replay.store import RecordedTrajectory
 from .server.request_log import RequestRecord
@@ -52,6 +52,7 @@ class RunConfig:
     isolation: str = "process"  # "process": a worker process per run; "inline": a task in this process
     python: str | None = None  # the worker's interpreter (default: the target's built environment, else this one)
     worker_log: str | None = None  # where the worker's stderr goes (default: a temp file)
+    warm: bool = True  # fork the worker from a warm worker (`rollout-bench worker`) when one runs for the target
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -133,7 +134,7 @@ def _target(config: RunConfig) -> TargetAdapter:
         return resolve_target(config.target)
     check_target_spec(config.target)  # a typo fails here, not after a worker started
     python = config.python or target_python(config.target)
-    return IsolatedTarget(config.target, python, config.worker_log)
+    return IsolatedTarget(config.target, python, config.worker_log, warm=config.warm)
 
 
 def _batch_error(error: BaseException) -> ErrorInfo:
@@ -151,7 +152,8 @@ async def run(config: RunConfig, *, show_progress: bool = False,
     target: TargetAdapter = _target(config)
     started, clock, cpu = time.time(), time.monotonic(), time.process_time()
     if isinstance(target, IsolatedTarget):
-        await target.start(dict(config.target_options))  # its imports overlap the trace loading below
+        # its imports overlap the trace loading below; the trace's path lets it skip what the trace won't need
+        await target.start({"trace": str(resolve_trace(config.trace).resolve()), **config.target_options})
     side_work = asyncio.create_task(asyncio.to_thread(while_starting)) if while_starting else None
     try:
         return await _run_with(target, config, started, clock, cpu, show_progress)
@@ -167,7 +169,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
     from .server import BenchServer  # after the worker's start: aiohttp's server is a few hundred ms to import
 
     async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
-                           **config.server_options) as server:
+                           groups_of=config.trajectories, **config.server_options) as server:
         store = server.context.store
         chosen = store.trajectories if config.trajectories is None else [
             store.by_id[t] for t in config.trajectories]

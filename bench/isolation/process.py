@@ -23,6 +23,7 @@ from typing import Any
 from ..targets.base import Emit, RolloutJob
 from ..targets.record import ErrorInfo
 from .protocol import TASK_MARKER, decode, error_from_dict, job_to_json, record_from_dict
+from .warm_client import WarmProcess, fork_from_warm
 
 LINE_LIMIT = 64 * 1024 * 1024  # one record line holds a whole trajectory's ids and logprobs
 
@@ -48,7 +49,7 @@ def _source_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def _worker_env(python: str) -> dict[str, str]:
+def worker_env(python: str) -> dict[str, str]:
     env = dict(os.environ)
     # Same environment = same bin folder. Not `resolve()`: every venv's python is a symlink to one base
     # interpreter, and resolving would hand another environment this one's site-packages.
@@ -82,8 +83,12 @@ def _thread_stacks(path: Path) -> list[str]:
 class IsolatedTarget:
     """Runs target `spec` in a worker process under `python` (default: this interpreter)."""
 
-    def __init__(self, spec: str, python: str | None = None, log_path: str | Path | None = None) -> None:
+    def __init__(self, spec: str, python: str | None = None, log_path: str | Path | None = None, *,
+                 warm: bool = True) -> None:
         self.spec = spec
+        self.warm = warm  # fork from a warm worker (`rollout-bench worker`) when one runs for this target
+        self.forked_from_warm = False
+        self.warm_note = ""  # why a warm worker was there but not used
         self.python = python or sys.executable
         self.name = spec
         self.fail_fast = False
@@ -97,7 +102,7 @@ class IsolatedTarget:
         self._scratch = Path(tempfile.mkdtemp(prefix="rollout-bench-worker-"))
         self.log_path = Path(log_path) if log_path else self._scratch / "worker.log"
         self._stacks_path = self._scratch / "stacks.txt"
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: asyncio.subprocess.Process | WarmProcess | None = None
         self.started = asyncio.Event()  # the worker loaded the target (its imports can take many seconds)
 
     async def start(self, options: dict[str, Any]) -> None:
@@ -105,12 +110,18 @@ class IsolatedTarget:
         if self._process is not None:
             return
         self._spawned = time.monotonic()
+        if self.warm:
+            forked, self.warm_note = await fork_from_warm(self.python, self.spec, options, self._stacks_path,
+                                                          self.log_path, worker_env(self.python), LINE_LIMIT)
+            if forked is not None:
+                self._process, self.worker_pid, self.forked_from_warm = forked, forked.pid, True
+                return
         with self.log_path.open("wb") as log:
             try:
                 self._process = await asyncio.create_subprocess_exec(
                     self.python, "-m", "bench.isolation.worker", self.spec, json.dumps(options),
                     str(self._stacks_path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    stderr=log, env=_worker_env(self.python), start_new_session=True, limit=LINE_LIMIT)
+                    stderr=log, env=worker_env(self.python), start_new_session=True, limit=LINE_LIMIT)
             except OSError as error:
                 raise TargetStartError(f"target {self.spec!r}: cannot start the worker interpreter "
                                        f"{self.python}: {error}") from None
@@ -220,5 +231,6 @@ class IsolatedTarget:
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "python": self.python, "pid": self.worker_pid, "cpu_s": self.worker_cpu_s,
-                "startup_s": self.startup_s,
+                "startup_s": self.startup_s, "forked_from_warm": self.forked_from_warm,
+                **({"warm_note": self.warm_note} if self.warm_note else {}),
                 "leaked_tasks": self.leaked_tasks, "versions": self.versions, "log": str(self.log_path)}

@@ -46,6 +46,7 @@ from urllib.parse import urlparse
 from faults import Target
 
 from ..paths import SHIPPED_TRACES, shipped_trace
+from ..trace import open_trace
 from . import slime_family_patch as patch
 from . import slime_family_plugins as plugins
 from .base import Emit, RolloutJob, TrajectorySpec
@@ -197,6 +198,14 @@ def trace_for(job: RolloutJob, options: dict[str, Any]) -> Path | None:
     return None
 
 
+def trace_has_tools(path: Path) -> bool:
+    """Whether the trace is agentic, judged by its first trajectory (a trace is one kind throughout)."""
+    with open_trace(path, check=False) as reader:
+        for trajectory in reader:
+            return bool(trajectory.prompt.tools) or any(turn.tool_calls for turn in trajectory.turns)
+    return False
+
+
 class _Feed:
     """The rollout's data source: the job's groups in order, then what the rollout manager put back."""
 
@@ -235,10 +244,15 @@ class SlimeFamilyTarget:
         self.name = f"{self.framework.name}:{variant}"
 
     def warm_up(self, options: dict[str, Any]) -> None:
-        """Import the framework (miles: ~9 s of torch and megatron) before the job arrives; the worker calls
-        this while the bench loads its trace, and `load` then finds every module imported."""
+        """Import the framework (miles: 7-10 s of torch and megatron) before the job arrives; the worker calls
+        this while the bench loads its trace, and `load` then finds every module imported. The multi-turn
+        generator (miles: ~1 s more) too, unless the run's trace has no tool calls; with no trace named
+        (a warm worker, which serves any run) always."""
         check_options(options)
         self.framework.load(options)
+        trace = options.get("trace")
+        if self.framework.multi_turn and (trace is None or trace_has_tools(Path(trace))):
+            importlib.import_module(self.framework.multi_turn.rsplit(".", 1)[0])
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         options = dict(job.options)
