@@ -94,3 +94,30 @@ async def _run() -> None:
 
 def test_turn_by_turn_clients_get_the_recording_under_concurrency() -> None:
     asyncio.run(_run())
+
+
+def test_a_store_of_some_groups_holds_them_as_the_full_store_does(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A repro loads only its trajectories' groups: same positions, members and sequences as a full load."""
+    import gzip
+
+    import pytest
+
+    from bench.paths import shipped_trace
+    from bench.replay.store import TraceStore
+    from bench.trace import TraceFormatError
+
+    path = shipped_trace("agentic-500")
+    full = TraceStore.load(path)
+    some = TraceStore.load(path, groups_of=["g00120-3", "g00009-0"])
+    assert sorted(some.groups) == ["g00009", "g00120"]
+    assert [t.id for t in some.trajectories] == [f"g00009-{m}" for m in range(4)] + [f"g00120-{m}" for m in range(4)]
+    for trajectory in some.trajectories:
+        assert trajectory == full.by_id[trajectory.id]  # index in the trace, member, packed sequences, turns
+    with pytest.raises(KeyError, match="no trajectory g99999-0"):
+        TraceStore.load(path, groups_of=["g00120-3", "g99999-0"])
+    lines = gzip.open(path, "rb").read().splitlines(keepends=True)
+    broken = tmp_path / "broken.jsonl"
+    lines[1] = lines[1].replace(b'"reward":', b'"reward":"high","recorded_reward":', 1)  # g00000-0, line 2
+    broken.write_bytes(b"".join(lines))
+    with pytest.raises(TraceFormatError, match=r"broken\.jsonl:2: reward"):
+        TraceStore.load(broken, groups_of=["g00000-0"])  # a chosen group is checked as in a full load

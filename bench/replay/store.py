@@ -8,12 +8,14 @@ request is then a length check and one `memcmp`, and memory stays linear in the 
 
 from __future__ import annotations
 
+import re
 from array import array
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..trace import TraceHeader, Trajectory, open_trace
+from ..trace import TraceFormatError, TraceHeader, TraceReader, Trajectory, open_trace
 
 INT32 = 4
 
@@ -117,15 +119,47 @@ class TraceStore:
     groups: dict[str, Group]
 
     @classmethod
-    def load(cls, path: str | Path) -> "TraceStore":
+    def load(cls, path: str | Path, *, groups_of: Collection[str] | None = None) -> "TraceStore":
+        """The whole trace, checked; with `groups_of`, only the groups holding those trajectory ids (a repro
+        replays one trajectory of a 500-trajectory trace: the rest is not decoded, checked or kept)."""
         trajectories: list[RecordedTrajectory] = []
         groups: dict[str, Group] = {}
         with open_trace(path) as reader:
             header = reader.header
-            for index, trajectory in enumerate(reader):
+            chosen = enumerate(reader) if groups_of is None else _groups_of(reader, set(groups_of))
+            for index, trajectory in chosen:
                 group = groups.setdefault(trajectory.group_id,
                                           Group(trajectory.group_id, pack(trajectory.prompt.ids)))
                 recorded = _recorded(trajectory, index, len(group.members))
                 group.members.append(recorded)
                 trajectories.append(recorded)
+        missing = sorted(set(groups_of or ()) - {t.id for t in trajectories})
+        if missing:
+            raise KeyError(f"trace {path}: no trajectory {', '.join(missing)}")
         return cls(Path(path), header, trajectories, {t.id: t for t in trajectories}, groups)
+
+
+_IDS = re.compile(rb'"id":"([^"]*)","group_id":"([^"]*)"')  # how the writer starts every trajectory line
+
+
+def _groups_of(reader: TraceReader, wanted: set[str]) -> Iterator[tuple[int, Trajectory]]:
+    """(position in the trace, trajectory) for every member of a group holding a wanted id, checked as a full
+    load checks them. Lines are told apart by their leading id fields; a line without them is decoded."""
+    lines: list[tuple[int, int, bytes, str]] = []
+    keep: set[str] = set()
+    for index, (number, line) in enumerate(reader.lines()):
+        head = _IDS.search(line, 0, 512)
+        if head is not None:
+            trajectory_id, group_id = head.group(1).decode(), head.group(2).decode()
+        else:
+            decoded = reader.decode(number, line)
+            trajectory_id, group_id = decoded.id, decoded.group_id
+        if trajectory_id in wanted:
+            keep.add(group_id)
+        lines.append((index, number, line, group_id))
+    for index, number, line, group_id in lines:
+        if group_id in keep:
+            trajectory = reader.decode(number, line)
+            for problem in reader.problems(number, trajectory):
+                raise TraceFormatError(problem)
+            yield index, trajectory

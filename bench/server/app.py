@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +65,13 @@ def create_app(ctx: ServerContext) -> web.Application:
 
 
 def load_context(trace: str | Path = DEFAULT_TRACE, *, sglang_version: str = DEFAULT_PROFILE,
-                 time_scale: float = 0.0, plan: Plan | str | None = None, **options: Any) -> ServerContext:
-    """Load a trace (and a fault plan: a Plan, a TOML path or a shipped plan name) into a server context."""
+                 time_scale: float = 0.0, plan: Plan | str | None = None, groups_of: Collection[str] | None = None,
+                 **options: Any) -> ServerContext:
+    """Load a trace (and a fault plan: a Plan, a TOML path or a shipped plan name) into a server context;
+    `groups_of`: serve only the groups of these trajectories (a repro's)."""
     if time_scale < 0:
         raise ValueError(f"time scale must be >= 0, got {time_scale}")
-    store = TraceStore.load(resolve_trace(str(trace)))
+    store = TraceStore.load(resolve_trace(str(trace)), groups_of=groups_of)
     if store.header.tokenizer.name != TOKENIZER_NAME:
         raise ValueError(f"trace {store.path} uses tokenizer {store.header.tokenizer.name!r}; "
                          f"the server can only adapt traces in {TOKENIZER_NAME!r} for now")
