@@ -20,7 +20,9 @@ import pytest
 from bench.cli import main as cli_main
 from bench.isolation.process import worker_env
 from bench.isolation.warm_client import RUNTIME_ENV, socket_path, start_warm
+from bench.repro import load_repro, write_repro
 from bench.runner import RunConfig, RunResult, run
+from bench.targets.envs import target_python
 from faults import resolve_plan
 
 MODULE_TARGET = """
@@ -59,8 +61,8 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 class Warm:
-    def __init__(self, spec: str, log: Path) -> None:
-        self.process, self.ready = start_warm(sys.executable, spec, {}, 120.0, worker_env(sys.executable), log)
+    def __init__(self, spec: str, log: Path, python: str = sys.executable) -> None:
+        self.process, self.ready = start_warm(python, spec, {}, 120.0, worker_env(python), log)
         self.pid = int(self.ready["pid"])
         self.log = log
 
@@ -188,3 +190,38 @@ def _alive_not_zombie(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+MILES = target_python("miles")
+
+
+@pytest.mark.skipif(MILES is None, reason="the miles environment is not built (make targets)")
+def test_a_miles_repro_forks_from_a_warm_worker_and_crashes_again(runtime: Path, tmp_path: Path) -> None:
+    """The seed-000 repro on real miles: cold, then from a warm worker (its 7-10 s of imports paid once)."""
+    assert MILES is not None
+    base = dict(trace="agentic-500", plan=resolve_plan("seed-000"), target="miles", python=MILES,
+                trajectories=["g00120-3"], watchdog_s=120.0)
+    clock = time.monotonic()
+    cold = asyncio.run(run(RunConfig(**base, warm=False)))  # type: ignore[arg-type]
+    cold_s = time.monotonic() - clock
+    assert [v.invariant for v in cold.violations] == ["batch_survival"]
+    repro = write_repro(cold, tmp_path / "repro.toml")
+    assert repro is not None
+    clock = time.monotonic()
+    warm = Warm("miles", tmp_path / "warm.log", MILES)  # as `rollout-bench worker --target miles`
+    try:
+        ready_s = time.monotonic() - clock
+        clock = time.monotonic()
+        again = asyncio.run(run(load_repro(repro, python=MILES, watchdog_s=120.0).config))
+        again_s = time.monotonic() - clock
+    finally:
+        warm.stop()
+    print(f"miles seed-000 on g00120-3: cold run {cold_s:.1f} s; warm worker ready in {ready_s:.1f} s; "
+          f"repro forked from it {again_s:.1f} s")
+    assert again.worker is not None and again.worker["forked_from_warm"] is True
+    assert again.worker["versions"].get("miles-rl") == "0.0.2"
+    assert [(v.invariant, v.trajectory) for v in again.violations] == [("batch_survival", "g00120-3")]
+    assert again.batch_error is not None and again.batch_error.type == "InjectedFault"
+    assert "generate_and_rm_group" in again.batch_error.traceback  # miles' own group gather, as in the cold run
+    assert [(e.fault, e.trajectory, e.turn, e.attempt) for e in again.fault_events] == \
+        [(e.fault, e.trajectory, e.turn, e.attempt) for e in cold.fault_events] != []
