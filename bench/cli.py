@@ -126,7 +126,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     repro = write_repro(result, out / "repro.toml")
     if repro is not None:
         print(f"repro: {repro.resolve()}  (rerun: rollout-bench run --repro {repro})")
+    _suggest_warm_worker(result.worker)
     return 0 if result.ok else 1
+
+
+def _suggest_warm_worker(worker: dict[str, Any] | None, slow_s: float = 5.0) -> None:
+    """After a run whose worker spent seconds importing the target: say how to pay that only once."""
+    if not worker or worker.get("forked_from_warm") or (worker.get("startup_s") or 0.0) < slow_s:
+        return
+    framework = str(worker["spec"]).split(":", 1)[0]
+    note = f" ({worker['warm_note']})" if worker.get("warm_note") else ""
+    print(f"note: the worker took {worker['startup_s']:.1f} s to start and import {framework}{note}; "
+          f"`rollout-bench worker --target {framework} --detach` keeps it imported and later runs fork from it",
+          file=sys.stderr)
 
 
 def _load_report_writer() -> None:

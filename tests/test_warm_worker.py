@@ -225,3 +225,14 @@ def test_a_miles_repro_forks_from_a_warm_worker_and_crashes_again(runtime: Path,
     assert "generate_and_rm_group" in again.batch_error.traceback  # miles' own group gather, as in the cold run
     assert [(e.fault, e.trajectory, e.turn, e.attempt) for e in again.fault_events] == \
         [(e.fault, e.trajectory, e.turn, e.attempt) for e in cold.fault_events] != []
+
+
+def test_a_slow_cold_start_suggests_a_warm_worker(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.cli import _suggest_warm_worker
+
+    _suggest_warm_worker({"spec": "miles:patched", "startup_s": 9.4, "forked_from_warm": False})
+    assert "took 9.4 s to start and import miles; `rollout-bench worker --target miles --detach`" in \
+        capsys.readouterr().err
+    _suggest_warm_worker({"spec": "miles", "startup_s": 0.4, "forked_from_warm": True})
+    _suggest_warm_worker({"spec": "ref-gather", "startup_s": 0.6, "forked_from_warm": False})
+    assert capsys.readouterr().err == ""
