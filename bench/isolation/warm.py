@@ -153,6 +153,7 @@ def serve(socket_path: Path, spec: str, options: dict[str, Any], idle_s: float) 
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
+                    selector.close()
                     listener.close()
                     conn.close()
                     for other in children.values():
