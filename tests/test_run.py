@@ -121,3 +121,23 @@ def test_repro_file_reproduces_the_crash_on_one_trajectory(unfixed: RunResult, t
     assert cli.returncode == 1 and "1 of 1 trajectories lost" in cli.stdout
     assert write_repro(asyncio.run(run(RunConfig(plan=resolve_plan("seed-000"), target="ref-gather:fixed"))),
                        tmp_path / "none.toml") is None
+
+
+def test_work_done_while_the_worker_starts_is_not_the_benchs_overhead() -> None:
+    """The command line loads its report writer on a thread during the worker's start: that CPU is not the
+    server's or the checks', so `bench_cpu_s` must not count it."""
+    import time
+
+    burned: list[float] = []
+
+    def burn_one_cpu_second() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 1.0:
+            pass
+        burned.append(time.thread_time() - start)
+
+    config = RunConfig(trace="rlvr-500", plan=resolve_plan("seed-000"), target="ref-gather:fixed", n=16)
+    plain = asyncio.run(run(config))
+    with_side_work = asyncio.run(run(config, while_starting=burn_one_cpu_second))
+    assert burned and burned[0] >= 1.0  # it ran, to the end, before the run returned
+    assert abs(with_side_work.bench_cpu_s - plain.bench_cpu_s) < 0.5, (plain.bench_cpu_s, with_side_work.bench_cpu_s)
