@@ -1,12 +1,14 @@
-"""Shared fixtures: small valid traces to break in specific ways."""
+"""Shared fixtures: small valid traces to break in specific ways; rlvr-500 servers per OpenAI flavor."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.server import ServerThread
 from bench.synth import synthesize
 
 
@@ -19,6 +21,20 @@ def small_agentic(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def small_rlvr(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthesize("rlvr", 8, 7, tmp_path_factory.mktemp("traces") / "rlvr-8.jsonl")
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[ServerThread]:
+    """rlvr-500 served with the vLLM flavor of the OpenAI routes (fresh logs per test module)."""
+    with ServerThread("rlvr-500") as thread:
+        yield thread
+
+
+@pytest.fixture(scope="module")
+def sglang() -> Iterator[ServerThread]:
+    """rlvr-500 served with SGLang's flavor of the OpenAI routes."""
+    with ServerThread("rlvr-500", openai_flavor="sglang") as thread:
+        yield thread
 
 
 def read_lines(path: Path) -> list[dict]:

@@ -44,18 +44,6 @@ def fresh() -> Trajectory:
     return next(_POOL)
 
 
-@pytest.fixture(scope="module")
-def vllm() -> Iterator[ServerThread]:
-    with ServerThread("rlvr-500") as thread:
-        yield thread
-
-
-@pytest.fixture(scope="module")
-def sglang() -> Iterator[ServerThread]:
-    with ServerThread("rlvr-500", openai_flavor="sglang") as thread:
-        yield thread
-
-
 @contextmanager
 def fires(server: ServerThread, fault: str, trajectory: Trajectory, endpoint: str = CHAT,
           attempts: tuple[int, ...] = (1,)) -> Iterator[None]:

@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterator
+from typing import Any
 
 import aiohttp
 import openai
@@ -34,15 +34,8 @@ RLVR = _trajectories("rlvr-500", 8)
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServerThread]:
-    with ServerThread("rlvr-500") as thread:
-        yield thread
-
-
-@pytest.fixture(scope="module")
-def sglang() -> Iterator[ServerThread]:
-    with ServerThread("rlvr-500", openai_flavor="sglang") as thread:
-        yield thread
+def server(vllm: ServerThread) -> ServerThread:
+    return vllm
 
 
 def _client(url: str, trajectory: Trajectory | None = None) -> openai.OpenAI:
