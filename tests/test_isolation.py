@@ -14,19 +14,12 @@ from bench.runner import RunConfig, RunResult, run
 from bench.targets import ErrorInfo, RolloutJob, SampleRecord, TrajectorySpec
 from bench.targets.envs import target_python
 from faults import resolve_plan
+from tests.process_helpers import alive
 
 
 def _run(target: str, **options: object) -> RunResult:
     config = RunConfig(plan=resolve_plan("seed-000"), target=target, **options)  # type: ignore[arg-type]
     return asyncio.run(run(config))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_job_and_records_cross_the_process_boundary_unchanged() -> None:
@@ -48,7 +41,7 @@ def test_process_and_inline_runs_see_the_same_faults_and_outcomes() -> None:
     assert [(e.rule, e.trajectory, e.turn, e.attempt) for e in isolated.fault_events] == \
            [(e.rule, e.trajectory, e.turn, e.attempt) for e in inline.fault_events] != []
     assert [(r.trajectory, r.outcome) for r in isolated.records] == [(r.trajectory, r.outcome) for r in inline.records]
-    assert isolated.ok and not _alive(isolated.worker["pid"])
+    assert isolated.ok and not alive(isolated.worker["pid"])
 
 
 def test_the_rollouts_exception_arrives_with_its_original_type_and_traceback() -> None:
@@ -74,7 +67,7 @@ def test_leaked_tasks_threads_and_stdout_chatter_stay_in_the_worker() -> None:
     assert result.batch_error is not None and result.batch_error.type == "KeyError"
     assert [r.outcome for r in result.records] == ["completed"] * 4 + ["lost"]
     assert result.orphans_cancelled == 3  # the three tasks it left behind, counted by the worker
-    assert result.worker is not None and not _alive(result.worker["pid"])  # its non-daemon thread died with it
+    assert result.worker is not None and not alive(result.worker["pid"])  # its non-daemon thread died with it
     assert {t.name for t in __import__("threading").enumerate()} <= threads_before
     log = open(result.worker["log"]).read()
     assert "framework chatter on stdout" in log
@@ -86,7 +79,7 @@ def test_a_blocked_event_loop_is_reported_as_a_hang_with_the_threads_stacks() ->
     assert any("_spin_in_place" in stack for stack in result.hang.stacks)
     assert [r.outcome for r in result.records] == ["completed"] + ["lost"] * 3
     assert "liveness" in {v.invariant for v in result.violations}
-    assert result.worker is not None and not _alive(result.worker["pid"])
+    assert result.worker is not None and not alive(result.worker["pid"])
 
 
 def test_a_missing_interpreter_or_unknown_attribute_is_a_clear_start_error() -> None:

@@ -24,6 +24,7 @@ from bench.repro import load_repro, write_repro
 from bench.runner import RunConfig, RunResult, run
 from bench.targets.envs import target_python
 from faults import resolve_plan
+from tests.process_helpers import alive
 
 MODULE_TARGET = """
 from bench.targets import SampleRecord
@@ -40,14 +41,6 @@ class Target:
             emit(SampleRecord(spec.id, spec.group, "completed", prompt_length=len(spec.prompt_ids),
                               details={{"version": VERSION}}))
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -106,7 +99,7 @@ def test_a_run_forks_from_the_warm_worker_and_sees_what_a_cold_run_sees(warm_for
     assert [(e.rule, e.trajectory, e.turn, e.attempt) for e in forked.fault_events] == \
         [(e.rule, e.trajectory, e.turn, e.attempt) for e in cold.fault_events]
     assert [(r.trajectory, r.outcome) for r in forked.records] == [(r.trajectory, r.outcome) for r in cold.records]
-    assert not _alive(forked.worker["pid"]) and warm.process.poll() is None
+    assert not alive(forked.worker["pid"]) and warm.process.poll() is None
 
 
 def test_a_forked_worker_that_dies_is_a_result_and_the_warm_worker_serves_the_next_run(warm_for: Any) -> None:
@@ -131,7 +124,7 @@ def test_leaks_and_hangs_stay_in_the_forked_worker(warm_for: Any) -> None:
     assert leaky.worker["leaked_tasks"] == 3
     hung = _run("tests.isolation_targets:BlocksTheLoop", n=3, watchdog_s=2.0)
     assert hung.hang is not None and any("_spin_in_place" in stack for stack in hung.hang.stacks)
-    assert hung.worker is not None and not _alive(hung.worker["pid"])
+    assert hung.worker is not None and not alive(hung.worker["pid"])
     after = _run("tests.isolation_targets:ReportsInterpreter", n=2)
     assert [r.outcome for r in after.records] == ["completed"] * 2
     assert after.worker is not None and after.worker["forked_from_warm"] is True
@@ -168,7 +161,7 @@ def test_worker_command_starts_stops_and_names_bad_targets(runtime: Path, capsys
     assert "warm worker for ref-gather:unfixed ready" in out
     sock = socket_path(sys.executable, "ref-gather")
     pid = int(sock.with_suffix(".pid").read_text())
-    assert sock.exists() and _alive(pid)
+    assert sock.exists() and alive(pid)
     assert cli_main(["worker", "--target", "ref-gather:fixed", "--detach"]) == 0
     assert "already runs" in capsys.readouterr().out
     assert cli_main(["worker", "--target", "ref-gather", "--stop"]) == 0
