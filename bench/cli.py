@@ -194,10 +194,17 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             path.unlink(missing_ok=True)
         print(f"stopped the warm worker for {args.target} (pid {pid})")
         return 0
-    if pid_file.exists() and path.exists():
-        print(f"a warm worker for {args.target} already runs (pid {pid_file.read_text().strip()}, socket {path}); "
-              f"stop it with: rollout-bench worker --target {args.target} --stop")
-        return 0
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:  # killed without cleaning up: its files are stale
+            pid_file.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+        else:
+            print(f"a warm worker for {args.target} already runs (pid {pid}, socket {path}); "
+                  f"stop it with: rollout-bench worker --target {args.target} --stop")
+            return 0
     log = Path(args.log) if args.log else Path(tempfile.mkdtemp(prefix="rollout-bench-warm-")) / "warm.log"
     process, ready = start_warm(python, args.target, _target_options(args), args.idle_timeout, worker_env(python), log)
     print(f"warm worker for {ready['target']} ready: pid {ready['pid']}, {python}, socket {path}, log {log}\n"

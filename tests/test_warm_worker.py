@@ -169,6 +169,20 @@ def test_worker_command_starts_stops_and_names_bad_targets(runtime: Path, capsys
     while _alive_not_zombie(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive_not_zombie(pid) and not sock.exists()
+    # a warm worker killed outright leaves its socket and pid file: runs go cold, and a new one starts
+    assert cli_main(["worker", "--target", "ref-gather", "--detach"]) == 0
+    capsys.readouterr()
+    pid = int(sock.with_suffix(".pid").read_text())
+    os.kill(pid, 9)
+    while _alive_not_zombie(pid):
+        time.sleep(0.05)
+    assert sock.exists()
+    cold = _run("ref-gather:fixed", n=2)
+    assert cold.worker is not None and cold.worker["forked_from_warm"] is False
+    assert "did not answer" in cold.worker["warm_note"]
+    assert cli_main(["worker", "--target", "ref-gather", "--detach"]) == 0
+    assert "ready" in capsys.readouterr().out
+    assert cli_main(["worker", "--target", "ref-gather", "--stop"]) == 0
     assert cli_main(["worker", "--target", "no-such-target"]) == 2
     assert "no-such-target" in capsys.readouterr().err
     assert cli_main(["worker", "--target", "tests.isolation_targets:NoSuchClass", "--detach"]) == 2
