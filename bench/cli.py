@@ -106,6 +106,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options["isolation"] = "inline"
     if args.cold:
         options["warm"] = False
+    if args.known:
+        options["known"] = args.known
     target_options = _target_options(args)
     if args.repro:
         config = load_repro(args.repro, **options).config
@@ -227,7 +229,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from .sweep import SweepOptions, default_jobs, sweep_command, sweep_invariants
 
-    run_args = (["--python", args.python] if args.python else []) + (["--in-process"] if args.in_process else [])
+    run_args = (["--python", args.python] if args.python else []) + (["--in-process"] if args.in_process else []) \
+        + (["--known", args.known] if args.known else [])
     options = SweepOptions(trace=args.trace, n=args.n, time_scale=args.time_scale, concurrency=args.concurrency,
                            watchdog_s=args.watchdog, timeout_s=args.timeout,
                            jobs=default_jobs() if args.jobs is None else args.jobs, run_args=tuple(run_args),
@@ -342,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "production, a 500-trajectory run takes seconds; with --repro 0: as fast as possible)")
     run.add_argument("--watchdog", type=float, default=30.0, help="seconds without progress before a hang (30)")
     run.add_argument("--invariants", help="comma-separated invariants to check (default all)")
+    run.add_argument("--known", metavar="NAME|FILE",
+                     help="known findings (a shipped name, e.g. miles, or a TOML file): violations they declare are "
+                          "reported with their reason but do not fail the run")
     run.add_argument("--max-weight-lag", type=int, default=1, help="staleness bound in versions (default 1)")
     run.add_argument("--max-requests", type=int, default=8, help="requests per trajectory before a storm (8)")
     run.add_argument("--budget", type=float, help="liveness budget for the whole run, seconds")
@@ -384,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--time-scale", type=float, default=0.05, help="as for run (default 0.05; 0: fastest)")
     sweep.add_argument("--concurrency", type=int, default=64, help="as for run (default 64)")
     sweep.add_argument("--watchdog", type=float, default=30.0, help="as for run (default 30)")
+    sweep.add_argument("--known", metavar="NAME|FILE", help="known findings for every run (as for run)")
     sweep.add_argument("--invariants", help="comma-separated invariants to check (default all but vacuity: a rule "
                                             "that never fired at a low rate is data, the fault_events column)")
     sweep.add_argument("--python", metavar="PATH", help="as for run: the target worker's interpreter")

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from faults import FaultEvent, Plan
 
 from .invariants import Bounds, HangReport, RunView, Violation, check_all
+from .known import KnownViolation, resolve_known, split
 from .isolation import IsolatedTarget, TargetCrashed, TargetStartError
 from .paths import DEFAULT_TRACE, resolve_trace
 from .progress import progress_bar
@@ -54,6 +55,7 @@ class RunConfig:
     python: str | None = None  # the worker's interpreter (default: the target's built environment, else this one)
     worker_log: str | None = None  # where the worker's stderr goes (default: a temp file)
     warm: bool = True  # fork the worker from a warm worker (`rollout-bench worker`) when one runs for the target
+    known: str | None = None  # known findings (`bench.known`): a shipped name or a TOML path
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -81,6 +83,9 @@ class RunResult:
     worker: dict[str, Any] | None = None  # the worker process: interpreter, pid, CPU time, versions, log
     bench_cpu_s: float = 0.0  # CPU this process (server, checks; the target too when inline) used during the run
     target_returned_at: float | None = None  # unix time the rollout returned or raised
+    known_violations: list[KnownViolation] = field(default_factory=list)  # matched a known finding: not failures
+    known_file: str | None = None
+    recorded_outcomes: dict[str, str | None] = field(default_factory=dict)  # the trace's outcome per trajectory
 
     @property
     def ok(self) -> bool:
@@ -150,6 +155,7 @@ async def run(config: RunConfig, *, show_progress: bool = False,
 
     `while_starting` runs on a thread while the worker imports the target (the command line loads its
     report writer there): on a framework that takes seconds to import, that time is otherwise idle."""
+    known = resolve_known(config.known) if config.known else None  # a bad file fails before any worker starts
     target: TargetAdapter = _target(config)
     started, clock, cpu = time.time(), time.monotonic(), time.process_time()
     if isinstance(target, IsolatedTarget):
@@ -157,8 +163,13 @@ async def run(config: RunConfig, *, show_progress: bool = False,
         await target.start({"trace": str(resolve_trace(config.trace).resolve()), **config.target_options})
     side_work = _SideWork(while_starting) if while_starting else None
     try:
-        return await _run_with(target, config, started, clock, side_work.cpu_s if side_work else lambda: 0.0, cpu,
-                               show_progress)
+        result = await _run_with(target, config, started, clock, side_work.cpu_s if side_work else lambda: 0.0, cpu,
+                                 show_progress)
+        if known is not None:
+            result.violations, result.known_violations = split(result.violations, known[1], result.target,
+                                                                result.recorded_outcomes)
+            result.known_file = str(known[0])
+        return result
     finally:
         if side_work is not None:
             await side_work.wait()
@@ -265,7 +276,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          view.requests, view.fault_events, violations, batch_error, hang, started, duration,
                          isolated.leaked_tasks if isolated else len(orphans), config.isolation,
                          isolated.describe() if isolated else None, time.process_time() - cpu - side_cpu_s(),
-                         isolated.returned_at if isolated else returned_at)
+                         isolated.returned_at if isolated else returned_at,
+                         recorded_outcomes={t.id: t.recorded_outcome for t in chosen})
 
 
 def run_blocking(config: RunConfig) -> RunResult:

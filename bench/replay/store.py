@@ -56,6 +56,7 @@ class RecordedTrajectory:
     first_sampling_params: dict[str, Any]  # what turn 0 asked for, for targets replaying the prompt
     sequences: list[bytes]
     turns: list[RecordedTurn]
+    recorded_outcome: str | None = None  # the trace's `metadata.outcome` (e.g. context_overflow), if it says
 
     def request_matches(self, turn: int, packed: bytes) -> bool:
         recorded = self.turns[turn]
@@ -104,8 +105,13 @@ def _recorded(trajectory: Trajectory, index: int, member: int) -> RecordedTrajec
         prompt_len=len(trajectory.prompt.ids), prompt_messages=trajectory.prompt.messages,
         prompt_tools=trajectory.prompt.tools, prompt_text=trajectory.prompt.text,
         first_sampling_params=trajectory.turns[0].request.sampling_params if trajectory.turns else {},
-        sequences=[pack(s) for s in sequences], turns=turns,
+        sequences=[pack(s) for s in sequences], turns=turns, recorded_outcome=_outcome(trajectory),
     )
+
+
+def _outcome(trajectory: Trajectory) -> str | None:
+    outcome = trajectory.metadata.get("outcome")
+    return None if outcome is None else str(outcome)
 
 
 @dataclass

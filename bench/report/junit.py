@@ -1,4 +1,5 @@
-"""JUnit XML: one test case per invariant, a failure for each violated one (CI systems read it)."""
+"""JUnit XML: one test case per invariant, a failure for each violated one (CI systems read it); an invariant
+broken only on known findings is skipped, with the reason."""
 
 from __future__ import annotations
 
@@ -13,13 +14,19 @@ def write_junit(result: RunResult, path: Path) -> Path:
     checked = result.config.invariants or list(INVARIANTS)
     suite = ET.Element("testsuite", name=f"rollout-bench {result.target}", tests=str(len(checked)),
                        failures=str(len({v.invariant for v in result.violations})), errors="0",
+                       skipped=str(len({k.violation.invariant for k in result.known_violations}
+                                       - {v.invariant for v in result.violations})),
                        time=f"{result.duration_s:.3f}")
     for name in checked:
         case = ET.SubElement(suite, "testcase", classname=f"rollout_bench.{result.target}", name=name)
         found = [v for v in result.violations if v.invariant == name]
+        known = [k for k in result.known_violations if k.violation.invariant == name]
         if found:
             failure = ET.SubElement(case, "failure", message=found[0].message, type=name)
             failure.text = "\n".join(f"{v.trajectory or '-'}: {v.message}" for v in found)
+        elif known:  # only known findings: skipped with the reason, so CI shows them without failing
+            skipped = ET.SubElement(case, "skipped", message=f"{len(known)} known: {known[0].finding.reason}")
+            skipped.text = "\n".join(f"{k.violation.trajectory or '-'}: {k.violation.message}" for k in known)
     tree = ET.ElementTree(suite)
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+from collections import Counter
 from typing import Any
 
 import pandas as pd
@@ -68,6 +69,9 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
                                                   "pending_tasks": len(result.hang.stacks)},
         "violations": [v.to_dict() for v in result.violations],
         "violated_invariants": sorted({v.invariant for v in result.violations}),
+        # violations a known-findings file declared (reported, not failures): `bench.known`
+        "known_violations": [k.to_dict() for k in result.known_violations],
+        "known_file": result.known_file,
         "throughput": {
             "trajectories_per_s": round(n / duration, 3),
             "samples_per_s": round(int((~trajectories["outcome"].eq("lost")).sum()) / duration, 3),
@@ -118,5 +122,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(("violations", str(len(violations)) if violations else "none"))
     for violation in violations[:10]:
         lines.append((f"  {violation['invariant']}", f"{violation['trajectory'] or '-'}: {violation['message']}"))
+    known = summary.get("known_violations") or []
+    if known:
+        lines.append(("known violations", f"{len(known)}, declared in {summary.get('known_file')}: not failures"))
+        for (invariant, reason), count in Counter((k["invariant"], k["reason"]) for k in known).items():
+            lines.append((f"  {invariant}", f"x{count}: {reason}"))
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in lines)
