@@ -137,6 +137,46 @@ def test_seed000_repro_crashes_again_on_one_trajectory(unfixed: RunResult, tmp_p
     assert [v.invariant for v in again.violations if v.invariant == "batch_survival"] == ["batch_survival"]
 
 
+OVERFLOW_GROUP = [f"g00023-{m}" for m in range(4)]  # g00023-1 and -3 (and g00120-1): recorded context overflows
+
+
+def _known_config(target: str, trajectories: list[str] | None, known: str | None) -> RunConfig:
+    config = _config(target, resolve_plan("seed-000"), trajectories or [])
+    config.trajectories, config.known = trajectories, known
+    return config
+
+
+@needs_miles
+def test_seed000_patched_passes_with_miles_known_context_overflow() -> None:
+    """The patch fixes seed-000; what is left is miles' own context overflow, declared in `--known miles`."""
+    plain = _run(_known_config("miles:patched", SEED_000 + OVERFLOW_GROUP, None))
+    overflowed = {t for t, outcome in plain.recorded_outcomes.items() if outcome == "context_overflow"}
+    assert overflowed == {"g00120-1", "g00023-1", "g00023-3"}
+    assert {(v.invariant, v.trajectory) for v in plain.violations} == {("context_budget", t) for t in overflowed}
+    known = _run(_known_config("miles:patched", SEED_000 + OVERFLOW_GROUP, "miles"))
+    assert known.ok and known.violations == []
+    assert {k.violation.trajectory for k in known.known_violations} == overflowed
+    assert [r.trajectory for r in known.records if r.outcome == "aborted"] == [POISONED]
+    unfixed = _run(_known_config("miles", SEED_000 + OVERFLOW_GROUP, "miles"))
+    assert not unfixed.ok and {v.invariant for v in unfixed.violations} >= {"batch_survival"}
+
+
+@needs_miles
+def test_seed000_full_patched_run_passes_with_known_findings() -> None:
+    """The issue's bar as a user runs it: all 500 agentic trajectories, `miles:patched --known miles`."""
+    config = _known_config("miles:patched", None, "miles")
+    config.time_scale = 0.0
+    result = _run(config)
+    outcomes = Counter(r.outcome for r in result.records)
+    print(f"full run: {dict(outcomes)}; known {len(result.known_violations)}; "
+          f"{len(result.requests)} requests in {result.duration_s:.1f} s")
+    assert len(result.records) == 500 and outcomes["aborted"] == 1 and outcomes["lost"] == 0
+    assert outcomes["completed"] + outcomes["truncated"] == 499
+    assert result.ok, [(v.invariant, v.trajectory, v.message) for v in result.violations]
+    assert result.known_violations and {k.violation.invariant for k in result.known_violations} == {"context_budget"}
+    assert {result.recorded_outcomes[k.violation.trajectory] for k in result.known_violations} == {"context_overflow"}
+
+
 @pytest.fixture(scope="module")
 def seed004() -> RunResult:
     return _run(_config("miles", resolve_plan("seed-004"), SEED_004))
