@@ -46,6 +46,8 @@ def write_repro(result: RunResult, path: str | Path) -> Path | None:
         f"message = {toml_value(first.message)}",
         f"trajectories = {toml_value(sorted(involved))}",
     ]
+    if result.config.known:  # the same findings stay known in the rerun
+        lines.append(f"known = {toml_value(str(Path(result.known_file or result.config.known).resolve()))}")
     for event in events:
         params = rules[event.rule].fault.describe() if event.rule in rules else {}
         lines += ["", "[[events]]", f"rule = {toml_value(event.rule)}", f"fault = {toml_value(event.fault)}",
@@ -76,7 +78,7 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
         plan = Plan(f"repro of {data['plan']}", int(data["seed"]), tuple(rules), f"repro: {data['invariant']}",
                     str(path))
         overrides = {"isolation": data.get("isolation", "process"),
-                     "target_options": dict(data.get("target_options", {})), **overrides}
+                     "target_options": dict(data.get("target_options", {})), "known": data.get("known"), **overrides}
         config = RunConfig(trace=data["trace"], plan=plan, target=data["target"],
                            trajectories=list(data["trajectories"]), **overrides)
         return Repro(config, data["invariant"])

@@ -17,7 +17,7 @@ from bench.invariants import Violation
 from bench.known import KnownFinding, KnownFindingsError, load_known, resolve_known, shipped_known
 from bench.report import write_report
 from bench.report.summary import format_summary
-from bench.repro import write_repro
+from bench.repro import load_repro, write_repro
 from bench.runner import RunConfig, RunResult, run
 
 OVERFLOWED = {"g00009-0", "g00013-3", "g00023-1", "g00023-3"}  # recorded outcome: context_overflow
@@ -63,6 +63,8 @@ def test_a_known_finding_excuses_exactly_what_it_declares(tmp_path: Path) -> Non
     assert not result.ok
     repro = write_repro(result, tmp_path / "repro.toml")
     assert repro is not None and any(t in repro.read_text() for t in GREW_PAST)  # the repro is of a new one
+    again = load_repro(repro, invariants=["context_budget"])
+    assert again.config.known == str((tmp_path / "known.toml").resolve())  # the rerun knows the same findings
 
 
 def test_a_run_whose_violations_are_all_known_passes_and_says_so(tmp_path: Path) -> None:
