@@ -218,3 +218,16 @@ def test_validate_command_prints_each_problem(small_agentic: Path, tmp_path: Pat
     assert f"{small_agentic}: valid" in run.stderr
     ok = subprocess.run([sys.executable, "-m", "bench", "validate", str(small_agentic)], capture_output=True, text=True)
     assert ok.returncode == 0 and ok.stdout == ""
+
+
+def test_a_lines_ids_are_read_without_decoding_it_when_written_by_the_writer(small_agentic) -> None:  # type: ignore[no-untyped-def]
+    """`TraceReader.ids` lets a run of a few trajectories skip the rest of a trace; a line in another key
+    order (hand-edited, another writer) is decoded instead, with the same answer."""
+    from bench.trace import open_trace
+
+    with open_trace(small_agentic) as reader:
+        number, line = next(iter(reader.lines()))
+        record = json.loads(line)
+        reordered = json.dumps(dict(reversed(list(record.items())))).encode()
+        assert reader.ids(number, line) == reader.ids(number, reordered) == (record["id"], record["group_id"])
+        assert not reordered.startswith(b'{"type"')

@@ -8,7 +8,6 @@ request is then a length check and one `memcmp`, and memory stays linear in the 
 
 from __future__ import annotations
 
-import re
 from array import array
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
@@ -145,21 +144,13 @@ class TraceStore:
         return cls(Path(path), header, trajectories, {t.id: t for t in trajectories}, groups)
 
 
-_IDS = re.compile(rb'"id":"([^"]*)","group_id":"([^"]*)"')  # how the writer starts every trajectory line
-
-
 def _groups_of(reader: TraceReader, wanted: set[str]) -> Iterator[tuple[int, Trajectory]]:
     """(position in the trace, trajectory) for every member of a group holding a wanted id, checked as a full
-    load checks them. Lines are told apart by their leading id fields; a line without them is decoded."""
+    load checks them; the other lines are told apart by their leading ids, not decoded."""
     lines: list[tuple[int, int, bytes, str]] = []
     keep: set[str] = set()
     for index, (number, line) in enumerate(reader.lines()):
-        head = _IDS.search(line, 0, 512)
-        if head is not None:
-            trajectory_id, group_id = head.group(1).decode(), head.group(2).decode()
-        else:
-            decoded = reader.decode(number, line)
-            trajectory_id, group_id = decoded.id, decoded.group_id
+        trajectory_id, group_id = reader.ids(number, line)
         if trajectory_id in wanted:
             keep.add(group_id)
         lines.append((index, number, line, group_id))

@@ -67,7 +67,6 @@ _OUTCOME = {COMPLETED: "completed", TRUNCATED: "truncated", ABORTED: "aborted"}
 
 _TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 _SIZE = "123456789"
-_LINE_ID = re.compile(rb'"id":"([^"]*)"')
 _EMIT = re.compile(re.escape(emit_command(int(_SIZE))).replace(_SIZE, r"(\d+)"))
 
 
@@ -107,8 +106,7 @@ class RecordedTools:
         rewards: dict[str, float | None] = {}
         with open_trace(path, check=False) as reader:
             for number, line in reader.lines():
-                head = _LINE_ID.search(line, 0, 256)  # records are written id first: skip the others undecoded
-                if head is not None and head.group(1).decode() not in wanted:
+                if reader.ids(number, line)[0] not in wanted:  # the others are skipped undecoded
                     continue
                 trajectory = reader.decode(number, line)
                 spec = wanted.get(trajectory.id)

@@ -20,6 +20,7 @@ from .errors import Problem, TraceFormatError, TraceVersionError
 from .schema import Trajectory, TraceHeader, _HeaderProbe
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_LEADING_IDS = re.compile(rb'^\{"type":"trajectory","id":"([^"\\]*)","group_id":"([^"\\]*)"')
 _AT_PATH = re.compile(r"^(?P<message>.*) - at `\$(?P<path>[^`]*)`$", re.S)
 _MISSING_FIELD = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
@@ -101,6 +102,15 @@ class TraceReader:
         except msgspec.MsgspecError as error:
             self._fail(number, *field_and_message(error))
         raise AssertionError("unreachable")
+
+    def ids(self, number: int, line: bytes) -> tuple[str, str]:
+        """(trajectory id, group id) of a raw line without decoding it when the line starts the way
+        `TraceWriter` writes one (type, id, group_id); other lines are decoded."""
+        head = _LEADING_IDS.search(line, 0, 512)
+        if head is not None:
+            return head.group(1).decode(), head.group(2).decode()
+        trajectory = self.decode(number, line)
+        return trajectory.id, trajectory.group_id
 
     def problems(self, number: int, trajectory: Trajectory, tokenizer: ByteBPETokenizer | None = None) -> list[Problem]:
         """Semantic problems of a decoded trajectory, duplicates of earlier ids included."""
