@@ -176,37 +176,23 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import tempfile
 
     from .isolation.process import worker_env
-    from .isolation.warm_client import socket_path, start_warm
+    from .isolation.warm_client import running_warm, socket_path, start_warm, stop_warm
     from .targets import check_target_spec
     from .targets.envs import target_python
 
     check_target_spec(args.target)
     python = args.python or target_python(args.target) or sys.executable
     path = socket_path(python, args.target)
-    pid_file = path.with_suffix(".pid")
     if args.stop:
-        if not pid_file.exists():
-            print(f"no warm worker for {args.target} under {python}")
-            return 0
-        pid = int(pid_file.read_text())
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pid_file.unlink(missing_ok=True)
-            path.unlink(missing_ok=True)
-        print(f"stopped the warm worker for {args.target} (pid {pid})")
+        pid = stop_warm(python, args.target)
+        print(f"stopped the warm worker for {args.target} (pid {pid})" if pid is not None
+              else f"no warm worker for {args.target} under {python}")
         return 0
-    if pid_file.exists():
-        pid = int(pid_file.read_text())
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:  # killed without cleaning up: its files are stale
-            pid_file.unlink(missing_ok=True)
-            path.unlink(missing_ok=True)
-        else:
-            print(f"a warm worker for {args.target} already runs (pid {pid}, socket {path}); "
-                  f"stop it with: rollout-bench worker --target {args.target} --stop")
-            return 0
+    pid = running_warm(python, args.target)
+    if pid is not None:
+        print(f"a warm worker for {args.target} already runs (pid {pid}, socket {path}); "
+              f"stop it with: rollout-bench worker --target {args.target} --stop")
+        return 0
     log = Path(args.log) if args.log else Path(tempfile.mkdtemp(prefix="rollout-bench-warm-")) / "warm.log"
     process, ready = start_warm(python, args.target, _target_options(args), args.idle_timeout, worker_env(python), log)
     print(f"warm worker for {ready['target']} ready: pid {ready['pid']}, {python}, socket {path}, log {log}\n"

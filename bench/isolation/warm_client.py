@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -103,6 +104,30 @@ async def fork_from_warm(python: str, spec: str, options: dict[str, Any], stacks
                                                         os.fdopen(stdin_write, "wb", 0))
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
     return WarmProcess(int(answer["pid"]), writer, reader, control, control_writer), ""
+
+
+def running_warm(python: str, spec: str) -> int | None:
+    """The pid of the warm worker for (python, spec), or None; the files of one killed outright are cleared."""
+    path = socket_path(python, spec)
+    pid_file = path.with_suffix(".pid")
+    if not pid_file.exists():
+        return None
+    pid = int(pid_file.read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        pid_file.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+        return None
+    return pid
+
+
+def stop_warm(python: str, spec: str) -> int | None:
+    """Ask the warm worker for (python, spec) to exit (it removes its socket); its pid, or None if none ran."""
+    pid = running_warm(python, spec)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+    return pid
 
 
 def start_warm(python: str, spec: str, options: dict[str, Any], idle_s: float, env: dict[str, str],
