@@ -1,4 +1,5 @@
-"""An installed wheel carries its data: shipped traces and the tokenizer, found without a checkout."""
+"""An installed wheel carries its data: shipped traces, the tokenizer and known findings, found without a
+checkout."""
 
 from __future__ import annotations
 
@@ -42,12 +43,15 @@ def test_wheel_in_a_fresh_venv_loads_shipped_data(wheel: Path, tmp_path: Path) -
         "print(bench.__file__); print(p.traces_dir())\n"
         "with open_trace(p.shipped_trace('rlvr-500')) as r: n = sum(1 for _ in r)\n"
         "t = load_tokenizer(); print(n, t.decode(t.encode('ok<|im_end|>')), tokenizer_path().is_dir())\n"
+        "from bench.known import resolve_known\n"
+        "path, findings = resolve_known('miles'); print(path, [f.invariant for f in findings])\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([str(python), "-c", code], cwd=tmp_path, check=True, capture_output=True, text=True, env=env)
-    module, traces, last = run.stdout.splitlines()
+    module, traces, last, known = run.stdout.splitlines()
     assert module.startswith(str(site)) and traces == str(site / "bench" / "_shipped" / "traces")
     assert last == "500 ok<|im_end|> True"
+    assert known == f"{site / 'bench' / 'known_findings' / 'miles.toml'} ['context_budget']"
     cli = subprocess.run([str(target / "bin" / "rollout-bench"), "validate", "agentic-500"], cwd=tmp_path,
                          capture_output=True, text=True, env=env)
     assert cli.returncode == 0 and "agentic-500: valid" in cli.stderr
