@@ -213,10 +213,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .known import resolve_known
     from .sweep import SweepOptions, default_jobs, sweep_command, sweep_invariants
 
+    # a bad known-findings file fails here, not in every run; each run gets the file's absolute path
+    known = ["--known", str(resolve_known(args.known)[0].resolve())] if args.known else []
     run_args = (["--python", args.python] if args.python else []) + (["--in-process"] if args.in_process else []) \
-        + (["--known", args.known] if args.known else [])
+        + known
     options = SweepOptions(trace=args.trace, n=args.n, time_scale=args.time_scale, concurrency=args.concurrency,
                            watchdog_s=args.watchdog, timeout_s=args.timeout,
                            jobs=default_jobs() if args.jobs is None else args.jobs, run_args=tuple(run_args),

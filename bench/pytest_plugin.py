@@ -146,6 +146,11 @@ class BenchResult:
         return not self.run.violations
 
     @property
+    def known_violations(self) -> list[Any]:
+        """Violations the run's known findings (`known=`) declared: reported, not failures."""
+        return self.run.known_violations
+
+    @property
     def outcomes(self) -> dict[str, int]:
         """Trajectories per outcome (completed, truncated, aborted, dropped, failed, lost)."""
         counts: dict[str, int] = {}
@@ -195,6 +200,9 @@ class BenchResult:
                 fault = violation.fault
                 lines.append(f"    after fault: {fault.get('fault')} (rule {fault.get('rule')}) on "
                              f"{fault.get('trajectory')} turn {fault.get('turn')} attempt {fault.get('attempt')}")
+        if self.known_violations:
+            lines.append(f"  known violations (not failures): {len(self.known_violations)}, declared in "
+                         f"{self.run.known_file}")
         lines.append(f"  report: {self.report_dir}")
         if self.repro_path is not None:
             lines.append(f"  repro: {self.repro_path}")

@@ -16,6 +16,7 @@ from typing import Any
 from faults import Plan, PlanError, make_rule
 from faults.plan import toml_value
 
+from .known import SHIPPED_DIR
 from .runner import RunConfig, RunResult
 
 GROUP_LEVEL = {"group_completeness", "batch_survival"}
@@ -47,7 +48,7 @@ def write_repro(result: RunResult, path: str | Path) -> Path | None:
         f"trajectories = {toml_value(sorted(involved))}",
     ]
     if result.config.known:  # the same findings stay known in the rerun
-        lines.append(f"known = {toml_value(str(Path(result.known_file or result.config.known).resolve()))}")
+        lines.append(f"known = {toml_value(_known_spec(result))}")
     for event in events:
         params = rules[event.rule].fault.describe() if event.rule in rules else {}
         lines += ["", "[[events]]", f"rule = {toml_value(event.rule)}", f"fault = {toml_value(event.fault)}",
@@ -62,6 +63,12 @@ def write_repro(result: RunResult, path: str | Path) -> Path | None:
 class Repro:
     config: RunConfig
     invariant: str
+
+
+def _known_spec(result: RunResult) -> str:
+    """A shipped file by its name (the repro moves between checkouts and installs), else its absolute path."""
+    path = Path(result.known_file or str(result.config.known)).resolve()
+    return path.stem if path.parent == SHIPPED_DIR.resolve() else str(path)
 
 
 def load_repro(path: str | Path, **overrides: Any) -> Repro:

@@ -24,13 +24,13 @@ TABLES = ("sweep", "sweep_faults")
 COLUMNS = (
     "run", "plan", "target", "rate", "seed", "n", "trace", "outcome", "exit_code", "error",
     "trajectories", "drop_rate", "dropped", *(f"n_{name}" for name in OUTCOMES),
-    "violations", "violated_invariants", "batch_error", "hang", "fault_events", "trajectories_hit",
+    "violations", "violated_invariants", "known_violations", "batch_error", "hang", "fault_events", "trajectories_hit",
     "trajectories_per_s", "requests_per_s", "output_tokens_per_s", "latency_p50_s", "latency_p90_s",
     "latency_p99_s", "retry_amplification", "duration_s", "wall_s", "report",
 )
 # Counts and codes: nullable integers (a crashed run has none), not floats.
 INT_COLUMNS = ("seed", "n", "exit_code", "trajectories", "dropped", *(f"n_{name}" for name in OUTCOMES), "violations",
-               "fault_events", "trajectories_hit")
+               "known_violations", "fault_events", "trajectories_hit")
 FAULT_COLUMNS = ("run", "plan", "target", "rate", "seed", "fault", "trajectories", "drop_rate")
 
 
@@ -91,6 +91,7 @@ def run_rows(base: dict[str, Any], folder: Path, finished: Finished) -> tuple[di
         dropped=sum(summary["outcomes"].get(name, 0) for name in ("aborted", "dropped", "failed", "lost")),
         **{f"n_{name}": summary["outcomes"].get(name, 0) for name in OUTCOMES},
         violations=len(summary["violations"]), violated_invariants=",".join(summary["violated_invariants"]),
+        known_violations=len(summary.get("known_violations") or []),  # declared in --known: not failures
         batch_error=(summary["batch_error"] or {}).get("type"), hang=summary["hang"] is not None,
         trajectories_per_s=throughput["trajectories_per_s"], requests_per_s=throughput["requests_per_s"],
         output_tokens_per_s=throughput["output_tokens_per_s"],

@@ -6,12 +6,17 @@ recorded as completed break it too (their drifted conversations outgrow the cont
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+# Imported before any inner pytester session: it restores sys.modules after each in-process run, and
+# numpy (under pandas) cannot be imported a second time into the same process.
+import bench.server  # noqa: F401
 from bench.cli import main as cli_main
 from bench.invariants import Violation
 from bench.known import KnownFinding, KnownFindingsError, load_known, resolve_known, shipped_known
@@ -19,6 +24,9 @@ from bench.report import write_report
 from bench.report.summary import format_summary
 from bench.repro import load_repro, write_repro
 from bench.runner import RunConfig, RunResult, run
+from tests.plans_for_tests import POISON_PLAN
+
+pytest_plugins = ["pytester"]
 
 OVERFLOWED = {"g00009-0", "g00013-3", "g00023-1", "g00023-3"}  # recorded outcome: context_overflow
 GREW_PAST = {"g00000-2", "g00001-3", "g00007-2", "g00012-3", "g00019-0"}  # recorded as completed
@@ -67,7 +75,8 @@ def test_a_known_finding_excuses_exactly_what_it_declares(tmp_path: Path) -> Non
     assert again.config.known == str((tmp_path / "known.toml").resolve())  # the rerun knows the same findings
 
 
-def test_a_run_whose_violations_are_all_known_passes_and_says_so(tmp_path: Path) -> None:
+def test_a_run_whose_violations_are_all_known_passes_and_says_so(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     ids = ", ".join(f'"{t}"' for t in sorted(GREW_PAST))
     known = _write(tmp_path, OVERFLOW_ENTRY + f"""
 [[known]]
@@ -92,6 +101,9 @@ reason = "drifted conversations outgrow the context"
     skipped = case.find("skipped")
     assert skipped is not None and "9 known" in skipped.get("message", "")
     assert write_repro(result, tmp_path / "repro.toml") is None
+    assert cli_main(["report", str(tmp_path / "report")]) == 0  # `rollout-bench report DIR` says it too
+    out = capsys.readouterr().out
+    assert "known violations  9, declared in" in out and "x5: drifted conversations" in out
 
 
 def test_matching_by_invariant_target_outcome_and_trajectory() -> None:
@@ -150,3 +162,45 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert cli_main(base + ["--out", str(tmp_path / "b"), "--known", "no-such"]) == 2
     assert "not a shipped name" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()  # it failed before running anything
+
+
+def test_a_repro_names_a_shipped_file_by_name(baseline: RunResult, tmp_path: Path) -> None:
+    """An absolute path into one install would break the repro on another machine; the name resolves anywhere."""
+    shipped = dataclasses.replace(baseline, config=dataclasses.replace(baseline.config, known="miles"),
+                                  known_file=str(shipped_known()["miles"]))
+    repro = write_repro(shipped, tmp_path / "repro.toml")
+    assert repro is not None and 'known = "miles"' in repro.read_text()
+    assert load_repro(repro).config.known == "miles"
+
+
+def test_sweep_passes_known_findings_to_every_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ids = ", ".join(f'"{t}"' for t in sorted(OVERFLOWED | GREW_PAST))
+    known = _write(tmp_path, f'[[known]]\ninvariant = "context_budget"\ntrajectories = [{ids}]\nreason = "r"\n')
+    base = ["sweep", "--plan", "seed-000", "--target", "ref-tool-loop:unfixed", "--rates", "0", "--seeds", "1",
+            "--n", "100", "--time-scale", "0", "--invariants", "context_budget", "--jobs", "1"]
+    assert cli_main(base + ["--out", str(tmp_path / "bad"), "--known", str(tmp_path / "nope.toml")]) == 2
+    assert "not a shipped name" in capsys.readouterr().err and not (tmp_path / "bad").exists()  # before any run
+    assert cli_main(base + ["--out", str(tmp_path / "sweep"), "--known", str(known)]) == 0
+    row = pd.read_csv(tmp_path / "sweep" / "sweep.csv").iloc[0]
+    assert (row["outcome"], row["violations"], row["known_violations"]) == ("ok", 0, 9)
+
+
+def test_bench_run_fixture_takes_known_findings(pytester: pytest.Pytester, small_agentic: Path) -> None:
+    """`bench_run(..., known=)`: the poisoned trajectory's crash, declared known, passes; without it, fails."""
+    pytester.makefile(".toml", poison=POISON_PLAN)
+    pytester.makefile(".toml", crash='[[known]]\ninvariant = "batch_survival"\nreason = "the gather crashes"\n')
+    pytester.makepyfile(test_known_run=f"""
+        import pytest
+
+        @pytest.mark.bench_trace({str(small_agentic)!r})
+        @pytest.mark.bench_plan("poison.toml")
+        def test_known(bench_run):
+            result = bench_run("ref-gather:unfixed", isolation="inline", known="crash.toml",
+                               invariants=["batch_survival"])
+            assert result.ok and result.repro_path is None
+            assert [k.violation.invariant for k in result.known_violations] == ["batch_survival"]
+            assert "known violations (not failures): 1" in result.explain()
+            plain = bench_run("ref-gather:unfixed", isolation="inline", invariants=["batch_survival"])
+            assert plain.violated == {{"batch_survival"}} and plain.repro_path is not None
+    """)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
