@@ -2,6 +2,7 @@
 #   make demo   create .venv, install, run the default job, print where the report is
 #   make test   create .venv with the test extras and the real targets' environments, run the whole suite
 #   make targets  build one virtual environment per real target (miles, verifiers) in .targets/
+#   make bench  benchmarks (server throughput beside bare aiohttp, repro cold vs warm worker); not part of test
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check --quiet
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test targets slime-env traces tokenizer clean
+.PHONY: demo test targets slime-env traces tokenizer clean bench
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollout-bench needs Python 3.11+"'
@@ -29,6 +30,12 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test targets
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Performance claims, measured as ratios in one run (README "Benchmarks"); tables also in reports/bench/.
+# The repro benchmark uses real miles when its environment is built (make targets), else ref-gather.
+bench: $(VENV)/.installed
+	$(BIN)/python -m benchmarks.server_throughput
+	$(BIN)/python -m benchmarks.repro_warm
 
 # Real targets live in their own environments (heavy, conflicting pins; never the bench's .venv).
 # torch is the local CPU wheel, installed first so nothing can pull a CUDA build; a check refuses one anyway.

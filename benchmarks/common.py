@@ -1,0 +1,90 @@
+"""What every benchmark shares: the machine it ran on, process CPU time, medians, the table and its files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path("reports/bench")
+
+
+def machine() -> dict[str, Any]:
+    """Enough to compare figures across machines: cores, CPU model, interpreter, date."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "usable_cores": len(usable_cores()), "cpu": model or platform.processor(),
+            "python": sys.version.split()[0], "platform": platform.platform(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def usable_cores() -> list[int]:
+    """The cores this process may run on (all of them where the platform cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def pick_core(index: int | None, cores: list[int]) -> int | None:
+    """The `index`-th usable core (wrapping around on a machine with fewer), or None: no pinning."""
+    return None if index is None else cores[index % len(cores)]
+
+
+def pin_to(core: int | None) -> int | None:
+    """Pin this process to one core (a core number) when the platform allows it; the core, or None."""
+    if core is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def print_table(headers: list[str], rows: list[list[Any]]) -> None:
+    """A plain aligned table on stdout (numbers right-aligned)."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    for row, raw in zip(cells, rows):
+        print("  ".join(c.rjust(w) if isinstance(v, (int, float)) else c.ljust(w)
+                        for c, w, v in zip(row, widths, raw)))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.0f}"
+    return str(value)
+
+
+def write_results(out: Path, name: str, payload: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[Path, Path]:
+    """`<out>/<name>.json` (everything) and `<out>/<name>.csv` (one line per row)."""
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = out / f"{name}.json", out / f"{name}.csv"
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    columns = list(rows[0]) if rows else []
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in row.items()})
+    return json_path, csv_path

@@ -1,0 +1,108 @@
+"""`make bench` smoke tests: each benchmark runs in --quick mode and reports every row with sane numbers.
+
+No timing thresholds here (performance claims live in `make bench`); these check the benchmarks measure
+what they say: the four servers answered, the bench server identified every request and the plan's
+faults fired, the repro runs were cold and forked as labelled and reproduced the crash, and the load
+generator counts answers right whatever their framing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from benchmarks.http_load import Load, raw_request
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench(module: str, out: Path) -> tuple[dict, str]:
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out)], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:]
+    return json.loads((out / f"{module}.json").read_text()), done.stdout
+
+
+@pytest.mark.slow
+def test_server_throughput_quick_reports_every_server(tmp_path: Path) -> None:
+    result, stdout = _bench("server_throughput", tmp_path)
+    rows = {row["server"]: row for row in result["rows"]}
+    assert list(rows) == ["bare-bytes", "bare-json", "bench", "bench-plan"]
+    for name, row in rows.items():
+        assert row["requests_per_s"] > 0 and row["server_cpu_us_per_answer"] > 0, row
+        assert row["ratio_to_bare_bytes"] > 0 and row["cost_ratio_to_bare_bytes"] > 0, row
+        assert name in stdout
+    assert rows["bare-bytes"]["ratio_to_bare_bytes"] == 1.0
+    assert rows["bench"]["not_200"] == 0 and rows["bare-json"]["not_200"] == 0
+    for kind in ("bench", "bench-plan"):  # replayed, not drifted: the bench did its real work
+        seen = result["identified"][kind]
+        assert seen["requests"] > 0 and seen["identified"] == seen["requests"] and seen["drifted"] == 0, seen
+    assert result["fault_events"] > 0 and result["faults_fired"]  # the engine acted, not only decided
+    assert not {"latency", "stall", "slow_first_token"} & set(result["faults_fired"])
+    assert result["machine"]["cores"] >= 1 and result["parameters"]["quick"] is True
+    assert (tmp_path / "server_throughput.csv").read_text().count("\n") == 5
+
+
+@pytest.mark.slow
+def test_repro_warm_quick_times_a_cold_and_a_forked_repro(tmp_path: Path) -> None:
+    result, stdout = _bench("repro_warm", tmp_path)
+    assert result["parameters"]["target"] == "ref-gather"
+    rows = {row["mode"]: row for row in result["rows"]}
+    assert list(rows) == ["cold", "warm"]
+    for row in rows.values():
+        assert row["wall_s"] > 0 and row["reproduced"] is True, row
+    assert [(r["mode"], r["forked_from_warm"]) for r in result["runs"]] == [("cold", False), ("warm", True)]
+    assert all(r["violations"] == ["batch_survival"] for r in result["runs"])
+    assert result["warm_worker_start_s"] > 0 and "ratio to cold" in stdout
+
+
+def test_the_load_generator_counts_answers_of_every_framing_and_dropped_connections() -> None:
+    """Content-Length, chunked and error answers each count once; a dropped connection counts as dropped."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        kind = (await request.read()).decode()
+        if kind == "chunked":
+            response = web.StreamResponse()
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            await response.write(b'{"a":')
+            await response.write(b"1}")
+            await response.write_eof()
+            return response
+        if kind == "drop":
+            assert request.transport is not None
+            request.transport.abort()
+            raise asyncio.CancelledError
+        if kind == "error":
+            return web.json_response({"error": "x"}, status=503)
+        return web.json_response({"ok": True})
+
+    async def scenario() -> dict[str, int]:
+        app = web.Application()
+        app.router.add_post("/generate", answer)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        requests = [raw_request("127.0.0.1", port, "/generate", kind.encode(), {})
+                    for kind in ("plain", "chunked", "error", "drop")]
+        load = Load("127.0.0.1", port, requests, concurrency=1)  # one connection: requests go in order
+        try:
+            await load.start()
+            while load.tally.answers < 40:
+                await asyncio.sleep(0.01)
+        finally:
+            await load.stop()
+            await runner.cleanup()
+        return dict(load.tally.statuses)
+
+    statuses = asyncio.run(scenario())
+    assert set(statuses) == {"200", "503", "dropped"}, statuses
+    # per cycle of four: plain and chunked (200), error (503), drop; at most one cycle is cut short
+    assert abs(statuses["200"] - 2 * statuses["503"]) <= 2 and abs(statuses["503"] - statuses["dropped"]) <= 1
