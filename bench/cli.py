@@ -123,7 +123,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .report import format_summary, write_report
 
     summary = write_report(result, out, junit=args.junit)
-    print(format_summary(summary))
+    print(format_summary(summary, str(out.resolve())))
     print(f"report: {out.resolve()}")
     repro = write_repro(result, out / "repro.toml")
     if repro is not None:
@@ -237,7 +237,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(runs[columns].to_string(index=False))
         print(f"sweep: {Path(args.folder).resolve()} ({len(runs)} runs)")
         return 0
-    print(format_summary(rerender(args.folder)))
+    print(format_summary(rerender(args.folder), str(Path(args.folder).resolve())))
     print(f"report: {Path(args.folder).resolve()}")
     return 0
 

@@ -188,13 +188,20 @@ class BenchResult:
         lines = [f"{self.target} on {self.run.config.trace}: plan {plan.name if plan else None}, seed {self.seed}, "
                  f"{len(self.records)} trajectories ({_counts(self.outcomes)})"]
         if self.batch_error is not None:
-            lines.append(f"  batch error: {self.batch_error.type}: {self.batch_error.message}")
+            from bench.invariants.root_cause import root_cause
+
+            cause = root_cause(self.batch_error, self.fault_events)
+            lines.append(f"  batch error: {cause.explain()}")
+            if cause.error.traceback:
+                lines.append("  traceback:\n" + "\n".join(f"    {line}" for line in
+                                                           cause.error.traceback.rstrip().splitlines()))
         if not self.violations:
             lines.append("  no violations")
         for number, violation in enumerate(self.violations, start=1):
             lines.append(f"  violation {number}/{len(self.violations)}: {violation.invariant} "
                          f"[{violation.trajectory or 'run'}] {violation.message}")
-            evidence = json.dumps(violation.evidence, default=str, sort_keys=True)
+            shown = {k: v for k, v in violation.evidence.items() if k != "traceback"}  # printed whole above
+            evidence = json.dumps(shown, default=str, sort_keys=True)
             lines.append(f"    evidence: {_clip(evidence)}")
             if violation.fault:
                 fault = violation.fault

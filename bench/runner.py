@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from faults import FaultEvent, Plan
 
+from . import attribution
 from .invariants import Bounds, HangReport, RunView, Violation, check_all
 from .known import KnownViolation, resolve_known, split
 from .isolation import IsolatedTarget, TargetCrashed, TargetStartError
@@ -143,6 +144,17 @@ def _target(config: RunConfig) -> TargetAdapter:
     return IsolatedTarget(config.target, python, config.worker_log, warm=config.warm)
 
 
+def _loss_cause(trajectory: str, batch_error: ErrorInfo | None, hang: HangReport | None) -> ErrorInfo:
+    """Why a trajectory never came back; the full traceback goes only to the trajectory that raised."""
+    if batch_error is not None:
+        if batch_error.trajectory == trajectory:
+            return batch_error
+        return ErrorInfo(batch_error.type, batch_error.message, "", batch_error.trajectory)
+    if hang is not None:
+        return ErrorInfo("Hang", f"no progress for {hang.idle_s:g} s", "")
+    return ErrorInfo("Missing", "the target returned no record", "")
+
+
 def _batch_error(error: BaseException) -> ErrorInfo:
     if isinstance(error, TargetCrashed):
         return error.info  # the original exception, as the worker saw it
@@ -236,6 +248,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                 records[record.trajectory] = record
                 bar.update(1)
 
+        if not isinstance(target, IsolatedTarget):
+            attribution.install()  # an inline target's exceptions name the trajectory that raised them
         before = asyncio.all_tasks()
         task = asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
         started_in_time = await _started(task, target, config.startup_s)
@@ -262,9 +276,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         isolated = target if isinstance(target, IsolatedTarget) else None
         for spec in specs:
             if spec.id not in records:
-                cause = batch_error or (ErrorInfo("Hang", f"no progress for {idle_s:g} s", "")
-                                        if hang else ErrorInfo("Missing", "the target returned no record", ""))
-                records[spec.id] = SampleRecord(spec.id, spec.group, "lost", error=cause,
+                records[spec.id] = SampleRecord(spec.id, spec.group, "lost", error=_loss_cause(spec.id, batch_error, hang),
                                                 prompt_length=len(spec.prompt_ids))
         duration = time.monotonic() - clock
         ordered = [records[s.id] for s in specs]

@@ -6,7 +6,7 @@ groups, attempts, time window, endpoints) and where (endpoints). A plan is named
 a seed; every decision is a pure function of (seed, rule, trajectory, turn, attempt).
 """
 
-from .base import FAULTS, Fault, FaultError, fault_class, register
+from .base import FAULTS, Fault, FaultError, alters_reply, fault_class, register
 from .engine import FAULT_HEADER, FaultEngine, forced_rules
 from .exchange import Exchange, Replacement, Transport
 from .log import FaultEvent, FaultLog
@@ -15,7 +15,7 @@ from .schedule import Schedule, Target, parse_schedule
 
 __all__ = [
     "FAULTS", "FAULT_HEADER", "Exchange", "Fault", "FaultEngine", "FaultError", "FaultEvent", "FaultLog", "Plan",
-    "PlanError", "Replacement", "Rule", "Schedule", "Target", "Transport", "fault_class", "forced_rules",
+    "PlanError", "Replacement", "Rule", "Schedule", "Target", "Transport", "alters_reply", "fault_class", "forced_rules",
     "load_plan", "make_rule", "parse_schedule", "plan_from_specs", "register", "resolve_plan", "rule_from_spec",
     "shipped_plans",
 ]

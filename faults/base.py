@@ -26,6 +26,9 @@ class Fault:
     apis: ClassVar[frozenset[str]] = frozenset({"native", "openai"})
     server_side: ClassVar[bool] = True  # False: applied by the target adapter, not the server
     on_weight_update: ClassVar[bool] = False  # True: acts when the weight version changes, not per request
+    # False: the client still gets the recorded reply, only later (latency): code that fails on it failed on a
+    # valid reply, and the fault is no excuse for it (`bench.invariants.root_cause`)
+    alters_reply: ClassVar[bool] = True
 
     def apply(self, exchange: Exchange) -> str:
         raise NotImplementedError
@@ -85,6 +88,14 @@ def register(cls: type[Fault]) -> type[Fault]:
         raise RuntimeError(f"fault {cls.name!r} registered twice")
     FAULTS[cls.name] = dataclasses.dataclass(cls)  # type: ignore[assignment]
     return FAULTS[cls.name]
+
+
+def alters_reply(name: str) -> bool:
+    """Whether fault `name` changes what the client receives (an unknown name is taken to)."""
+    try:
+        return fault_class(name).alters_reply
+    except FaultError:
+        return True
 
 
 def fault_class(name: str) -> type[Fault]:

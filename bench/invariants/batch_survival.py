@@ -1,30 +1,58 @@
 """Batch survival: one trajectory's failure never takes its siblings down, unless the framework's
-declared policy is fail-fast, in which case the failure is raised with its root cause, not `CancelledError`."""
+declared policy is fail-fast, in which case the failure is raised with its root cause, not `CancelledError`.
+
+The root cause is what raised (`root_cause`): the trajectory whose code raised the batch's exception,
+and whether an injected fault reached it. A crash on a valid reply is a violation whatever the policy:
+fail-fast is for refusing bad input, not for the target's own bugs. A fail-fast target that stops on an
+injected fault is correct (the summary says which fault it refused). When the exception names no
+trajectory, the trajectories the target itself reported `failed` are taken as the candidates; a crash
+that the bench can tie to no trajectory at all hides its root cause, and is reported as such.
+"""
 
 from __future__ import annotations
 
-from .base import RunView, Violation, preceding
+from dataclasses import asdict
+
+from faults import alters_reply
+
+from .base import RunView, Violation
+from .root_cause import RootCause, root_cause
 
 NAME = "batch_survival"
 _HIDDEN = ("CancelledError", "TimeoutError")
 
 
+def fail_closed_on(view: RunView, cause: RootCause) -> list[str]:
+    """For a fail-fast crash: the trajectories that reached an injected fault and explain the stop (the one
+    that raised, else the ones the target reported failed)."""
+    if cause.trajectory is not None:
+        return [cause.trajectory] if cause.fault is not None else []
+    faulted = {e.trajectory for e in view.fault_events if alters_reply(e.fault)}
+    return [r.trajectory for r in view.records if r.outcome == "failed" and r.trajectory in faulted]
+
+
 def check(view: RunView) -> list[Violation]:
+    if view.hang is not None or view.batch_error is None:
+        return []  # hangs are liveness's
+    cause = root_cause(view.batch_error, view.fault_events)
     lost = [r for r in view.records if r.outcome == "lost"]
-    if view.hang is not None or view.batch_error is None or not lost:
-        return []  # hangs are liveness's; records a returning target never sent are accounting's
-    error = view.batch_error
-    culprits = [e.trajectory for e in view.fault_events]
-    culprit = culprits[0] if culprits else None
-    evidence = {"lost": len(lost), "dispatched": len(view.dispatched), "error_type": error.type,
-                "error": error.message, "culprit": culprit}
+    evidence = {"lost": len(lost), "dispatched": len(view.dispatched), "error_type": cause.error.type,
+                "error": cause.error.message, "raised_by": cause.trajectory, "on_valid_reply": cause.on_valid_reply,
+                "traceback": cause.error.traceback}
+    fault = asdict(cause.fault) if cause.fault else None
     out = []
-    if not view.fail_fast:
-        out.append(Violation(NAME, culprit,
-                             f"the batch crashed: {len(lost)} of {len(view.dispatched)} trajectories lost "
-                             f"after {error.type}: {error.message}",
-                             evidence, preceding(view, culprit)))
-    if error.type in _HIDDEN:
-        out.append(Violation(NAME, culprit, f"the root cause is hidden: the batch failed with {error.type}",
-                             evidence, preceding(view, culprit)))
+    if not view.fail_fast and lost:
+        out.append(Violation(NAME, cause.trajectory, f"the batch crashed: {len(lost)} of {len(view.dispatched)} "
+                             f"trajectories lost after {cause.explain()}", evidence, fault))
+    elif view.fail_fast and cause.on_valid_reply:
+        out.append(Violation(NAME, cause.trajectory, f"a fail-fast batch crashed on a valid reply: {cause.explain()}",
+                             evidence, fault))
+    elif view.fail_fast and not fail_closed_on(view, cause):
+        out.append(Violation(NAME, cause.trajectory,
+                             f"a fail-fast batch crashed without a root cause the bench can check: {cause.explain()}; "
+                             f"no trajectory it reported failed received an injected fault "
+                             f"({len(view.fault_events)} fault events in the run)", evidence, fault))
+    if cause.error.type in _HIDDEN:
+        out.append(Violation(NAME, cause.trajectory, f"the root cause is hidden: the batch failed with "
+                             f"{cause.error.type}", evidence, fault))
     return out

@@ -66,7 +66,7 @@ def error_to_dict(error: ErrorInfo) -> dict[str, str]:
 
 
 def error_from_dict(data: dict[str, str]) -> ErrorInfo:
-    return ErrorInfo(data["type"], data["message"], data.get("traceback", ""))
+    return ErrorInfo(data["type"], data["message"], data.get("traceback", ""), data.get("trajectory"))
 
 
 def record_to_dict(record: SampleRecord) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .. import attribution
 from ..targets.record import ErrorInfo, SampleRecord
 from .protocol import TASK_MARKER, encode, error_to_dict, job_from_json, record_to_dict
 
@@ -91,6 +92,7 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], sta
     def emit(record: SampleRecord) -> None:
         channel.send("record", record=record_to_dict(record))
 
+    attribution.install()  # after the target's imports: its HTTP clients are loaded by now
     before = asyncio.all_tasks()
     try:
         await asyncio.create_task(target.run(job, emit), name=f"target {target.name}")

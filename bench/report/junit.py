@@ -6,8 +6,14 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ..invariants import INVARIANTS
+from ..invariants import INVARIANTS, Violation
 from ..runner import RunResult
+
+
+def _tracebacks(violations: list[Violation]) -> str:
+    """The exceptions behind the violations, each whole (chain included) and once: CI shows the failing line."""
+    texts = dict.fromkeys(str(v.evidence["traceback"]) for v in violations if v.evidence.get("traceback"))
+    return "".join(f"\n\n{text.rstrip()}" for text in texts)
 
 
 def write_junit(result: RunResult, path: Path) -> Path:
@@ -23,7 +29,7 @@ def write_junit(result: RunResult, path: Path) -> Path:
         known = [k for k in result.known_violations if k.violation.invariant == name]
         if found:
             failure = ET.SubElement(case, "failure", message=found[0].message, type=name)
-            failure.text = "\n".join(f"{v.trajectory or '-'}: {v.message}" for v in found)
+            failure.text = "\n".join(f"{v.trajectory or '-'}: {v.message}" for v in found) + _tracebacks(found)
         elif known:  # only known findings: skipped with the reason, so CI shows them without failing
             skipped = ET.SubElement(case, "skipped", message=f"{len(known)} known: {known[0].finding.reason}")
             skipped.text = "\n".join(f"{k.violation.trajectory or '-'}: {k.violation.message}" for k in known)

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from .. import __version__
+from ..invariants.root_cause import root_cause
 from ..runner import RunResult
 from ..targets import DROPPED_OUTCOMES, OUTCOMES
 
@@ -63,8 +64,9 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "outcomes": outcomes,
         "drop_rate": round(float(dropped.mean()), 6) if n else 0.0,
         "drop_rate_by_fault": by_fault,
-        "batch_error": None if result.batch_error is None else {
-            "type": result.batch_error.type, "message": result.batch_error.message},
+        # what raised, whose code raised it, whether an injected fault reached it, the full traceback
+        "batch_error": None if result.batch_error is None else root_cause(result.batch_error,
+                                                                          result.fault_events).to_dict(),
         "hang": None if result.hang is None else {"idle_s": result.hang.idle_s,
                                                   "pending_tasks": len(result.hang.stacks)},
         "violations": [v.to_dict() for v in result.violations],
@@ -92,8 +94,8 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
     }
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    """The terminal's end-of-run table."""
+def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
+    """The terminal's end-of-run table (`folder`: the report's, named where the whole traceback is)."""
     outcomes = ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items() if v)
     lines = [
         ("target", summary["target"]),
@@ -113,8 +115,9 @@ def format_summary(summary: dict[str, Any]) -> str:
                                            if throughput['target_cpu_s'] is not None else "")))
     if summary.get("orphaned_requests"):
         lines.append(("orphaned requests", f"{summary['orphaned_requests']} served for trajectories the crash lost"))
-    if summary["batch_error"]:
-        lines.append(("batch error", f"{summary['batch_error']['type']}: {summary['batch_error']['message']}"))
+    error = summary["batch_error"]
+    if error:
+        lines.append(("batch error", error.get("explanation") or f"{error['type']}: {error['message']}"))
     if summary["hang"]:
         lines.append(("hang", f"no progress for {summary['hang']['idle_s']} s; "
                               f"{summary['hang']['pending_tasks']} tasks pending"))
@@ -128,4 +131,16 @@ def format_summary(summary: dict[str, Any]) -> str:
         for (invariant, reason), count in Counter((k["invariant"], k["reason"]) for k in known).items():
             lines.append((f"  {invariant}", f"x{count}: {reason}"))
     width = max(len(k) for k, _ in lines)
-    return "\n".join(f"  {k:<{width}}  {v}" for k, v in lines)
+    table = "\n".join(f"  {k:<{width}}  {v}" for k, v in lines)
+    return table + _traceback_tail(error, folder)
+
+
+def _traceback_tail(error: dict[str, Any] | None, folder: str | None, lines: int = 8) -> str:
+    """The last frames of the batch's exception (the line that failed), and where the whole text is."""
+    text = (error or {}).get("traceback") or ""
+    if not text:
+        return ""
+    tail = text.rstrip().splitlines()[-lines:]
+    where = f"{folder}/summary.json" if folder else "summary.json"
+    return ("\n\n  traceback (last lines; the whole of it, chain included, is batch_error.traceback in "
+            f"{where}):\n" + "\n".join(f"    {line}" for line in tail))

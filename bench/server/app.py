@@ -23,6 +23,7 @@ from .context import CONTEXT_KEY, ServerConfig, ServerContext
 from .profiles import DEFAULT_PROFILE, get_profile
 from .request_log import RequestLog, RequestRecord
 from .router import GENERATION_ROUTES, add_router_routes
+from .served import add_served_headers
 
 
 @web.middleware
@@ -50,6 +51,7 @@ async def log_admin_requests(request: web.Request, handler: Any) -> web.StreamRe
 def create_app(ctx: ServerContext) -> web.Application:
     app = web.Application(client_max_size=512 * 2**20, middlewares=[log_admin_requests])
     app[CONTEXT_KEY] = ctx
+    app.on_response_prepare.append(add_served_headers)
     app.router.add_route("POST", "/generate", native.generate)
     app.router.add_route("PUT", "/generate", native.generate)
     add_admin_routes(app)

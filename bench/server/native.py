@@ -91,7 +91,8 @@ async def _open_stream(request: web.Request, content_type: str | None = None) ->
 def _prepare(ctx: ServerContext, request: web.Request, parsed: NativeRequest, item: NativeItem, arrived: float,
              forced: tuple[Rule, ...]) -> tuple[NativeItem, RequestRecord, Exchange] | ValueRejected:
     """Identify an item, let the fault plan act, then run SGLang's request checks."""
-    record = new_record(ctx, request.path, arrived, rid=item.rid, stream=parsed.stream, prompt_tokens=len(item.ids))
+    record = new_record(ctx, request.path, arrived, rid=item.rid, stream=parsed.stream, prompt_tokens=len(item.ids),
+                        request=request)
     if item.rid in ctx.state.inflight:
         message = f"Duplicate request ID detected: {item.rid}"
         reject(ctx, record, 200 if parsed.stream else 400, message, arrived)

@@ -14,9 +14,12 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from aiohttp import web
+
 from ..replay import Generation
 from .context import ServerContext
 from .request_log import RequestRecord
+from .served import SERVED_KEY
 from .state import Pacer
 
 OnToken = Callable[[int], Awaitable[None]]
@@ -39,14 +42,18 @@ class Played:
 
 
 def new_record(ctx: ServerContext, endpoint: str, arrived: float, *, rid: str | None = None, stream: bool = False,
-               prompt_tokens: int | None = None, generation: Generation | None = None) -> RequestRecord:
-    """Append a log record, with the trajectory, turn and attempt the request was taken to be."""
+               prompt_tokens: int | None = None, generation: Generation | None = None,
+               request: web.Request | None = None) -> RequestRecord:
+    """Append a log record, with the trajectory, turn and attempt the request was taken to be; with `request`,
+    its answer's headers name what was served (`served_headers`)."""
     record = RequestRecord(started=arrived, endpoint=endpoint, rid=rid, stream=stream, prompt_tokens=prompt_tokens)
     if generation is not None:
         identity = generation.identity
         record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
         record.attempt, record.drift = identity.attempt, identity.drift
     ctx.log.append(record)
+    if request is not None:
+        request.setdefault(SERVED_KEY, []).append(record)
     return record
 
 

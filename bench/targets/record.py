@@ -10,20 +10,31 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..attribution import trajectory_of
+
 OUTCOMES = ("completed", "truncated", "aborted", "dropped", "failed", "lost")
 DROPPED_OUTCOMES = ("aborted", "dropped", "failed", "lost")
 
 
 @dataclass(frozen=True)
 class ErrorInfo:
+    """An exception as the code that raised it saw it: type, message, full traceback (chain included) and
+    the trajectory whose code raised it, when the bench knows (`bench.attribution`)."""
+
     type: str
     message: str
     traceback: str
+    trajectory: str | None = None
 
     @classmethod
     def of(cls, error: BaseException) -> "ErrorInfo":
         return cls(type(error).__name__, str(error),
-                   "".join(traceback.format_exception(type(error), error, error.__traceback__)))
+                   "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+                   trajectory_of(error))
+
+    def last_frames(self, lines: int = 8) -> str:
+        """The end of the traceback: the line that failed and the message, for a terminal."""
+        return "\n".join(self.traceback.rstrip().splitlines()[-lines:])
 
 
 @dataclass
@@ -59,7 +70,9 @@ class SampleRecord:
         error = row.pop("error")
         details = row.pop("details")
         row["details"] = json.dumps(details, sort_keys=True) if details is not None else None
-        row.update(error_type=error["type"] if error else None, error_message=error["message"] if error else None)
+        row.update(error_type=error["type"] if error else None, error_message=error["message"] if error else None,
+                   error_traceback=(error["traceback"] or None) if error else None,
+                   error_raised_by=error["trajectory"] if error else None)
         for key in ("response_ids", "logprobs", "loss_mask", "weight_versions"):
             row.pop(key)
         row["logprobs_count"] = None if self.logprobs is None else len(self.logprobs)

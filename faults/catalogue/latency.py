@@ -14,6 +14,7 @@ from ..exchange import Exchange
 class Latency(Fault):
     name = "latency"
     category = "transport"
+    alters_reply = False  # the recorded reply, only later
     ms: float = 100.0
     jitter_ms: float = 0.0
     distribution: str = "fixed"

@@ -8,6 +8,7 @@ from ..exchange import Exchange
 class SlowFirstToken(Fault):
     name = "slow_first_token"
     category = "transport"
+    alters_reply = False  # the recorded reply, only later
     seconds: float = 5.0
 
     def apply(self, exchange: Exchange) -> str:

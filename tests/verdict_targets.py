@@ -1,0 +1,86 @@
+"""Plug-in targets written the way a new user writes one from the README (plain aiohttp, no bench helpers,
+no trajectory header), each with a bug the bench's verdict once misjudged (issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from bench.targets import Emit, RolloutJob, SampleRecord, TrajectorySpec
+
+BAD_TRAJECTORY = "g00012-2"  # in the middle of the first 100 trajectories of either shipped trace
+
+
+async def _generate(http: aiohttp.ClientSession, job: RolloutJob, spec: TrajectorySpec) -> dict[str, Any]:
+    body = {"input_ids": spec.prompt_ids, "sampling_params": spec.sampling_params, "return_logprob": True}
+    async with http.post(f"{job.base_url}/generate", json=body) as reply:
+        reply.raise_for_status()
+        return await reply.json()
+
+
+def _record(spec: TrajectorySpec, body: dict[str, Any], scores: dict[str, float]) -> SampleRecord:
+    triples = body["meta_info"]["output_token_logprobs"]
+    finish = body["meta_info"]["finish_reason"]["type"]
+    return SampleRecord(spec.id, spec.group, "completed" if finish == "stop" else "truncated", status=finish,
+                        prompt_length=len(spec.prompt_ids), response_ids=[t[1] for t in triples],
+                        logprobs=[t[0] for t in triples], loss_mask=[1] * len(triples),
+                        response_length=len(triples), reward=sum(scores.values()),
+                        weight_versions=[str(body["meta_info"].get("weight_version"))])
+
+
+def _score(spec: TrajectorySpec, body: dict[str, Any], bad: str) -> dict[str, float]:
+    """The reward step, with its bug: one trajectory's reply lacks a score the code expects."""
+    scores = {"accuracy": 1.0 if body["meta_info"]["finish_reason"]["type"] == "stop" else 0.0}
+    if spec.id != bad:
+        scores["format_reward"] = 0.5
+    return {"accuracy": scores["accuracy"], "format": scores["format_reward"]}  # KeyError on `bad`
+
+
+class GatherKeyError:
+    """A bare `asyncio.gather` over all trajectories; the reward step raises KeyError on one valid reply."""
+
+    name = "verdict:gather-keyerror"
+    fail_fast = False
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        bad = job.options.get("bad", BAD_TRAJECTORY)
+        limit = asyncio.Semaphore(job.concurrency)
+        async with aiohttp.ClientSession() as http:
+
+            async def one(spec: TrajectorySpec) -> SampleRecord:
+                async with limit:
+                    body = await _generate(http, job, spec)
+                return _record(spec, body, _score(spec, body, bad))
+
+            records = await asyncio.gather(*(one(spec) for spec in job.trajectories))
+        for record in records:
+            emit(record)
+
+
+class FailFastGatherKeyError(GatherKeyError):
+    """The same bug, with the fail-fast policy declared: still a crash on a valid reply."""
+
+    name = "verdict:gather-keyerror-failfast"
+    fail_fast = True
+
+
+class FailClosedOnAbort:
+    """Fail-fast and correct: it raises when (and only when) the server aborts one of its requests."""
+
+    name = "verdict:fail-closed"
+    fail_fast = True
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        async with aiohttp.ClientSession() as http:
+
+            async def one(spec: TrajectorySpec) -> SampleRecord:
+                body = await _generate(http, job, spec)
+                if body["meta_info"]["finish_reason"]["type"] == "abort":
+                    raise RuntimeError("the server aborted a request: refusing to train on a partial batch")
+                return _record(spec, body, {"accuracy": 1.0})
+
+            records = await asyncio.gather(*(one(spec) for spec in job.trajectories))
+        for record in records:
+            emit(record)
