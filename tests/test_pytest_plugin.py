@@ -52,6 +52,8 @@ def test_failing_bench_test_shows_seed_evidence_and_repro(bench_dir: pytest.Pyte
     assert "violation 1/1: batch_survival [g00001-2]" in text
     assert '"error_type": "InjectedFault"' in text  # the evidence, not only the name
     assert "after fault: raise_after_generate (rule poison-one) on g00001-2 turn 0 attempt 1" in text
+    assert "batch error: InjectedFault" in text and "raised by g00001-2 after the injected fault" in text
+    assert "Traceback (most recent call last)" in text and "in raise_if_poisoned" in text  # the line that raised
     repro = re.search(r"  repro: (\S+)", text)
     assert repro is not None
     repro_path = Path(repro.group(1))

@@ -1,0 +1,83 @@
+"""The verdict on code the bench has never seen (issue 13): the root cause is what raised, with its
+traceback everywhere a user looks; a crash on a valid reply fails whatever the fail-fast policy; a
+fail-fast target that refuses an injected fault passes. The targets are plug-ins written as a user
+writes one from the README (tests/verdict_targets.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from bench.report import load, write_report
+from bench.runner import RunConfig, RunResult, run_blocking
+from faults import plan_from_specs
+from verdict_targets import BAD_TRAJECTORY
+
+ROOT = Path(__file__).resolve().parents[1]
+LATENCY_EVERYWHERE = "latency:ms=1,p=1,turns=0"  # a fault event on every trajectory, none altering a reply
+
+
+def _run(target: str, *specs: str, n: int = 100, **options: object) -> RunResult:
+    plan = plan_from_specs(list(specs), 0) if specs else None
+    return run_blocking(RunConfig(plan=plan, target=f"tests.verdict_targets:{target}", n=n, **options))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def keyerror() -> RunResult:
+    return _run("GatherKeyError", LATENCY_EVERYWHERE)
+
+
+def test_the_culprit_is_the_trajectory_that_raised_not_the_first_fault_event(keyerror: RunResult) -> None:
+    assert keyerror.fault_events[0].trajectory != BAD_TRAJECTORY  # the old verdict's pick
+    survival = [v for v in keyerror.violations if v.invariant == "batch_survival"]
+    assert [v.trajectory for v in survival] == [BAD_TRAJECTORY]
+    assert f"no injected fault reached {BAD_TRAJECTORY}: the target failed on a valid reply" in survival[0].message
+    assert survival[0].fault is None  # the latency event it got did not alter its reply: no excuse
+    assert keyerror.batch_error is not None and keyerror.batch_error.trajectory == BAD_TRAJECTORY
+
+
+def test_the_traceback_reaches_summary_table_and_junit(keyerror: RunResult, tmp_path: Path) -> None:
+    write_report(keyerror, tmp_path)
+    report = load(tmp_path)
+    error = report["summary"]["batch_error"]
+    assert error["raised_by"] == BAD_TRAJECTORY and error["on_valid_reply"] is True
+    assert "Traceback (most recent call last)" in error["traceback"]
+    assert 'scores["format_reward"]' in error["traceback"] and "in _score" in error["traceback"]
+    rows = report["trajectories"].set_index("trajectory")
+    assert 'scores["format_reward"]' in rows.loc[BAD_TRAJECTORY, "error_traceback"]
+    assert rows["error_raised_by"].eq(BAD_TRAJECTORY).all()  # every lost row says whose crash lost it
+    failure = ET.parse(tmp_path / "junit.xml").getroot().find("testcase[@name='batch_survival']/failure")
+    assert failure is not None and 'scores["format_reward"]' in (failure.text or "")
+
+
+def test_the_terminal_shows_the_failing_line(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    done = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "tests.verdict_targets:GatherKeyError",
+                           "--n", "100", "--fault", LATENCY_EVERYWHERE, "--time-scale", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          )
+    assert done.returncode == 1, done.stderr
+    assert f"raised by {BAD_TRAJECTORY}" in done.stdout
+    assert 'scores["format_reward"]' in done.stdout and f"{out.resolve()}/summary.json" in done.stdout
+
+
+def test_a_fail_fast_crash_on_a_valid_reply_is_a_violation() -> None:
+    result = _run("FailFastGatherKeyError", LATENCY_EVERYWHERE)
+    assert not result.ok
+    survival = [v for v in result.violations if v.invariant == "batch_survival"]
+    assert [v.trajectory for v in survival] == [BAD_TRAJECTORY]
+    assert "fail-fast batch crashed on a valid reply" in survival[0].message
+
+
+def test_a_fail_fast_target_refusing_an_injected_fault_passes(tmp_path: Path) -> None:
+    result = _run("FailClosedOnAbort", "abort:trajectories=g00004-1", n=40, invariants=["batch_survival"])
+    assert result.batch_error is not None and result.batch_error.trajectory == "g00004-1"
+    assert result.violations == []
+    write_report(result, tmp_path)
+    error = json.loads((tmp_path / "summary.json").read_text())["batch_error"]
+    assert error["fault_reached"]["fault"] == "abort" and "after the injected fault abort" in error["explanation"]
