@@ -88,18 +88,23 @@ def _cmd_faults(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import asyncio
+    import dataclasses
     import time
 
     from .invariants import Bounds
-    from .repro import load_repro, write_repro
+    from .report import add_to_summary
+    from .repro import Budget, load_repro, write_config, write_repros
     from .runner import DEFAULT_PLAN, RunConfig, run
 
-    bounds = Bounds(max_weight_lag=args.max_weight_lag, max_requests_per_trajectory=args.max_requests,
-                    run_budget_s=args.budget)
-    # a repro replays one trajectory's events: recorded latencies add wall time and no overlap to it
-    time_scale = args.time_scale if args.time_scale is not None else (0.0 if args.repro else 0.05)
-    options: dict[str, Any] = dict(concurrency=args.concurrency, time_scale=time_scale, watchdog_s=args.watchdog,
-                                   invariants=args.invariants.split(",") if args.invariants else None, bounds=bounds)
+    # a repro file records every input of its run: only what is given on this command line overrides it
+    given = {key: value for key, value in (("concurrency", args.concurrency), ("time_scale", args.time_scale),
+                                           ("watchdog_s", args.watchdog)) if value is not None}
+    if args.invariants:
+        given["invariants"] = args.invariants.split(",")
+    bounds = {key: value for key, value in (("max_weight_lag", args.max_weight_lag),
+                                            ("max_requests_per_trajectory", args.max_requests),
+                                            ("run_budget_s", args.budget)) if value is not None}
+    options: dict[str, Any] = dict(given)
     if args.python:
         options["python"] = args.python
     if args.in_process:
@@ -111,10 +116,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     target_options = _target_options(args)
     if args.repro:
         config = load_repro(args.repro, **options).config
+        if bounds:
+            config.bounds = dataclasses.replace(config.bounds, **bounds)
     else:
         plan = build_plan(args.plan if (args.plan or args.fault) else DEFAULT_PLAN, args.fault, args.seed)
+        defaults = {"concurrency": 64, "time_scale": 0.05, "watchdog_s": 30.0}
         config = RunConfig(trace=args.trace, plan=plan, target=args.target, n=args.n, target_options=target_options,
-                           **options)
+                           bounds=Bounds(**bounds), **{**defaults, **options})
     plan = config.plan
     out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
@@ -125,9 +133,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     summary = write_report(result, out, junit=args.junit)
     print(format_summary(summary, str(out.resolve())))
     print(f"report: {out.resolve()}")
-    repro = write_repro(result, out / "repro.toml")
-    if repro is not None:
-        print(f"repro: {repro.resolve()}  (rerun: rollout-bench run --repro {repro})")
+    if result.violations and args.repro_reruns > 0:
+        print(f"repros: rerunning to verify and shrink each failure (at most {args.repro_reruns} reruns each)",
+              file=sys.stderr, flush=True)
+        outcomes = write_repros(result, out, budget=Budget(reruns=args.repro_reruns))
+        add_to_summary(out, "repros", [o.to_dict() for o in outcomes])
+        for outcome in outcomes:
+            what = f"{outcome.signature.invariant}" + (f" ({outcome.signature.error_type})"
+                                                       if outcome.signature.error_type else "")
+            if outcome.path is not None:
+                print(f"repro: {outcome.path.resolve()}  {what}, seen failing the same way "
+                      f"(rerun: rollout-bench run --repro {outcome.path})")
+            else:
+                print(f"repro: none for {what}: {outcome.note}")
+    else:
+        write_config(result.config, out / "run.toml", result=result)
     _suggest_warm_worker(result.worker)
     return 0 if result.ok else 1
 
@@ -328,21 +348,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=("train", "eval"), help="slime/miles: the train or the eval rollout path")
     run.add_argument("--target-option", action="append", metavar="KEY=VALUE", default=[],
                      help="any other option for the target adapter (repeatable; JSON values allowed)")
-    run.add_argument("--concurrency", type=int, default=64, help="requests in flight at most (default 64)")
+    run.add_argument("--concurrency", type=int, help="requests in flight at most (default 64; a repro's own)")
     run.add_argument("--time-scale", type=float,
                      help="replay recorded latencies scaled by this (default 0.05: requests overlap as in "
-                          "production, a 500-trajectory run takes seconds; with --repro 0: as fast as possible)")
-    run.add_argument("--watchdog", type=float, default=30.0, help="seconds without progress before a hang (30)")
+                          "production, a 500-trajectory run takes seconds; with --repro: the repro's own)")
+    run.add_argument("--watchdog", type=float, help="seconds without progress before a hang (30; a repro's own)")
     run.add_argument("--invariants", help="comma-separated invariants to check (default all)")
     run.add_argument("--known", metavar="NAME|FILE",
                      help="known findings (a shipped name, e.g. miles, or a TOML file): violations they declare are "
                           "reported with their reason but do not fail the run")
-    run.add_argument("--max-weight-lag", type=int, default=1, help="staleness bound in versions (default 1)")
-    run.add_argument("--max-requests", type=int, default=8, help="requests per trajectory before a storm (8)")
+    run.add_argument("--max-weight-lag", type=int, help="staleness bound in versions (default 1)")
+    run.add_argument("--max-requests", type=int, help="requests per trajectory before a storm (8)")
     run.add_argument("--budget", type=float, help="liveness budget for the whole run, seconds")
     run.add_argument("--out", help="report folder (default reports/run-<time>)")
     run.add_argument("--junit", help="also write the JUnit XML here")
-    run.add_argument("--repro", help="rerun a failing run's repro.toml (only the trajectories involved)")
+    run.add_argument("--repro", help="rerun a repro file (repro*.toml, or run.toml: the whole run) with every input "
+                     "it recorded; options given here override it")
+    run.add_argument("--repro-reruns", type=int, default=12, metavar="N",
+                     help="after a failing run, rerun each failure at most N times to verify and shrink its repro "
+                          "(default 12; 0: write no repro, only run.toml)")
     run.add_argument("--cold", action="store_true",
                      help="start a fresh worker even when a warm one (`rollout-bench worker`) runs for the target")
     run.set_defaults(run=_cmd_run)

@@ -231,6 +231,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
             store.by_id[t] for t in config.trajectories]
         chosen = chosen[: config.n] if config.n is not None else chosen
         specs = [_spec(t) for t in chosen]
+        server.context.identifier.dispatched = frozenset(s.id for s in specs)
         plan = config.plan
         job = RolloutJob(server.url, specs, store.header.context_length, tokenizer_path(), config.concurrency,
                          plan.seed if plan else 0, [r for r in (plan.rules if plan else ()) if not r.fault.server_side],

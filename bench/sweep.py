@@ -83,7 +83,7 @@ def run_command(point: GridPoint, plan_file: Path, folder: Path, options: SweepO
     command = [sys.executable, "-m", "bench", "run", "--trace", options.trace, "--plan", str(plan_file),
                "--seed", str(point.seed), "--target", point.target, "--time-scale", f"{options.time_scale:g}",
                "--concurrency", str(options.concurrency), "--watchdog", f"{options.watchdog_s:g}",
-               "--out", str(folder)]
+               "--out", str(folder), "--repro-reruns", "1"]  # a grid of failing runs: verify, do not shrink
     if options.n is not None:
         command += ["--n", str(options.n)]
     if options.invariants is not None:

@@ -69,6 +69,9 @@ class Identifier:
         self._attempts: dict[tuple[str | None, int | None], int] = defaultdict(int)
         self._failed: set[tuple[str, int]] = set()
         self._unknown_attempts: dict[bytes, int] = defaultdict(int)
+        # the trajectories the run dispatched (None: all): identical requests of a group are claimed among
+        # these first, so a run of some members (a repro, `--n`) is served the answers of those members
+        self.dispatched: frozenset[str] | None = None
 
     def identify(self, packed: bytes, hint: str | None = None) -> Identity:
         """Identify a request given its input ids packed as int32 bytes."""
@@ -119,6 +122,8 @@ class Identifier:
     def _claim_among(self, matches: list[tuple[RecordedTrajectory, int]]) -> Identity:
         """Identical requests from several members: first unclaimed, then a failed one, then the least tried."""
         matches.sort(key=lambda m: (m[0].index, m[1]))
+        if self.dispatched is not None:
+            matches = [m for m in matches if m[0].id in self.dispatched] or matches
         for member, turn in matches:
             if self._attempts[(member.id, turn)] == 0:
                 return self._claim(member, turn, None)

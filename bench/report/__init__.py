@@ -33,6 +33,14 @@ def write_report(result: RunResult, folder: str | Path, junit: str | Path | None
     return summary
 
 
+def add_to_summary(folder: str | Path, key: str, value: Any) -> None:
+    """Add what was learnt after the report was written (the verified repros) to its `summary.json`."""
+    path = Path(folder) / "summary.json"
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    summary[key] = value
+    path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+
+
 def _keep_worker_log(result: RunResult, folder: Path) -> None:
     """The target's own output (framework logs, tracebacks) belongs with the run's evidence."""
     log = Path(result.worker["log"]) if result.worker and result.worker.get("log") else None
@@ -66,4 +74,4 @@ def rerender(folder: str | Path) -> dict[str, Any]:
     return loaded["summary"]  # type: ignore[no-any-return]
 
 
-__all__ = ["format_summary", "load", "load_sweep", "rerender", "write_report"]
+__all__ = ["add_to_summary", "format_summary", "load", "load_sweep", "rerender", "write_report"]
