@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import ModuleType
 
 from . import (abort_contract, accounting, batch_survival, context_budget, group_completeness, liveness,
@@ -19,7 +20,22 @@ def check_all(view: RunView, only: list[str] | None = None) -> list[Violation]:
     unknown = [n for n in names if n not in INVARIANTS]
     if unknown:
         raise ValueError(f"unknown invariants {', '.join(unknown)}; valid: {', '.join(INVARIANTS)}")
-    return [v for name in names for v in INVARIANTS[name](view)]
+    return per_trajectory([v for name in names for v in INVARIANTS[name](view)])
 
 
-__all__ = ["Bounds", "HangReport", "INVARIANTS", "RunView", "Violation", "check_all"]
+def per_trajectory(violations: list[Violation]) -> list[Violation]:
+    """One violation per invariant and trajectory (the first found, with how many times it was found):
+    a check that fires once per request must not bury eight trajectories under 476 lines. Run-level
+    violations (no trajectory) are merged only when they say the same thing."""
+    merged: dict[tuple[str, str], Violation] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for violation in violations:
+        key = (violation.invariant, violation.trajectory if violation.trajectory is not None else
+               f"run:{violation.message}")
+        merged.setdefault(key, violation)
+        counts[key] = counts.get(key, 0) + violation.occurrences
+    return [replace(first, occurrences=counts[key]) if counts[key] != first.occurrences else first
+            for key, first in merged.items()]
+
+
+__all__ = ["Bounds", "HangReport", "INVARIANTS", "RunView", "Violation", "check_all", "per_trajectory"]

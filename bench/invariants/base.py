@@ -58,6 +58,7 @@ class Violation:
     message: str
     evidence: dict[str, Any]
     fault: dict[str, Any] | None = None  # the fault event that preceded it, when there is one
+    occurrences: int = 1  # how many times the check found it on this trajectory (one per request, say)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -122,9 +122,13 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
         lines.append(("hang", f"no progress for {summary['hang']['idle_s']} s; "
                               f"{summary['hang']['pending_tasks']} tasks pending"))
     violations = summary["violations"]
-    lines.append(("violations", str(len(violations)) if violations else "none"))
+    lines.append(("violations", _violation_counts(violations) if violations else "none"))
     for violation in violations[:10]:
-        lines.append((f"  {violation['invariant']}", f"{violation['trajectory'] or '-'}: {violation['message']}"))
+        times = violation.get("occurrences", 1)
+        lines.append((f"  {violation['invariant']}", f"{violation['trajectory'] or '-'}: {violation['message']}"
+                      + (f" (x{times})" if times > 1 else "")))
+    if len(violations) > 10:
+        lines.append(("  ...", f"{len(violations) - 10} more in summary.json"))
     known = summary.get("known_violations") or []
     if known:
         lines.append(("known violations", f"{len(known)}, declared in {summary.get('known_file')}: not failures"))
@@ -133,6 +137,17 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     width = max(len(k) for k, _ in lines)
     table = "\n".join(f"  {k:<{width}}  {v}" for k, v in lines)
     return table + _traceback_tail(error, folder)
+
+
+def _violation_counts(violations: list[dict[str, Any]]) -> str:
+    """'9 on 8 trajectories: context_budget 8 (476 occurrences), batch_survival 1'."""
+    trajectories = {v["trajectory"] for v in violations if v["trajectory"]}
+    by_invariant: dict[str, list[int]] = {}
+    for violation in violations:
+        by_invariant.setdefault(violation["invariant"], []).append(violation.get("occurrences", 1))
+    parts = [f"{name} {len(times)}" + (f" ({sum(times)} occurrences)" if sum(times) > len(times) else "")
+             for name, times in by_invariant.items()]
+    return f"{len(violations)} on {len(trajectories)} trajectories: {', '.join(parts)}"
 
 
 def _traceback_tail(error: dict[str, Any] | None, folder: str | None, lines: int = 8) -> str:
