@@ -81,3 +81,13 @@ def test_a_fail_fast_target_refusing_an_injected_fault_passes(tmp_path: Path) ->
     write_report(result, tmp_path)
     error = json.loads((tmp_path / "summary.json").read_text())["batch_error"]
     assert error["fault_reached"]["fault"] == "abort" and "after the injected fault abort" in error["explanation"]
+
+
+def test_a_retried_sample_is_judged_on_the_attempt_it_kept() -> None:
+    result = _run("RetriesMissingLogprobs", "missing_logprobs:trajectories=g00001-1,attempts=1", n=8,
+                  invariants=["token_alignment"])
+    record = next(r for r in result.records if r.trajectory == "g00001-1")
+    assert record.attempt == 2 and len(record.request_ids) == 1
+    assert [e.fault for e in result.fault_events] == ["missing_logprobs"]  # on the attempt it threw away
+    [violation] = result.violations
+    assert violation.trajectory == "g00001-1" and violation.fault is None  # not "after missing_logprobs"

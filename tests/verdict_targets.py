@@ -84,3 +84,23 @@ class FailClosedOnAbort:
             records = await asyncio.gather(*(one(spec) for spec in job.trajectories))
         for record in records:
             emit(record)
+
+
+class RetriesMissingLogprobs:
+    """Retries a reply without logprobs (correct), then builds the kept sample with a loss mask one token
+    short (its own bug): the verdict must judge the attempt it kept, not blame the retried one's fault."""
+
+    name = "verdict:retries-missing-logprobs"
+    fail_fast = False
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        async with aiohttp.ClientSession() as http:
+            for spec in job.trajectories:
+                attempt, body = 1, await _generate(http, job, spec)
+                while body["meta_info"].get("output_token_logprobs") is None:
+                    attempt, body = attempt + 1, await _generate(http, job, spec)
+                record = _record(spec, body, {"accuracy": 1.0})
+                record.attempt, record.request_ids = attempt, [body["meta_info"]["id"]]
+                if attempt > 1:
+                    record.loss_mask = record.loss_mask[:-1]
+                emit(record)

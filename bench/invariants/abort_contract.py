@@ -15,8 +15,8 @@ def check(view: RunView) -> list[Violation]:
             if any(record.loss_mask) or (record.reward or 0.0) != 0.0:
                 out.append(Violation(NAME, record.trajectory, "aborted sample still trains: loss or reward non-zero",
                                      {"loss_mask_sum": sum(record.loss_mask), "reward": record.reward},
-                                     preceding(view, record.trajectory)))
+                                     preceding(view, record.trajectory, record)))
         elif record.outcome == "completed" and record.trajectory in aborted_by_fault and record.status == "ABORT":
             out.append(Violation(NAME, record.trajectory, "an aborted answer was scored as completed",
-                                 {"status": record.status}, preceding(view, record.trajectory)))
+                                 {"status": record.status}, preceding(view, record.trajectory, record)))
     return out

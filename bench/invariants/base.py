@@ -50,6 +50,15 @@ class RunView:
     def faults_for(self, trajectory: str) -> list[FaultEvent]:
         return [e for e in self.fault_events if e.trajectory == trajectory]
 
+    def final_attempt_faults(self, record: SampleRecord) -> list[FaultEvent]:
+        """The fault events behind what a record holds: those of its final attempt's requests when the target
+        names them (a retried sample is judged on the attempt it kept), else all of its trajectory's."""
+        events = self.faults_for(record.trajectory)
+        if not record.request_ids:
+            return events
+        kept = set(record.request_ids)
+        return [e for e in events if e.request_id in kept]
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -67,9 +76,9 @@ class Violation:
 Invariant = Callable[[RunView], list[Violation]]
 
 
-def preceding(view: RunView, trajectory: str | None) -> dict[str, Any] | None:
-    """The last fault event on this trajectory, as evidence."""
+def preceding(view: RunView, trajectory: str | None, record: SampleRecord | None = None) -> dict[str, Any] | None:
+    """The last fault event on this trajectory (on the record's final attempt, given a record), as evidence."""
     if trajectory is None:
         return None
-    events = view.faults_for(trajectory)
+    events = view.final_attempt_faults(record) if record is not None else view.faults_for(trajectory)
     return asdict(events[-1]) if events else None

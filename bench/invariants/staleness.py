@@ -44,20 +44,19 @@ def _in_emission_order(view: RunView) -> list[SampleRecord]:
     return ordered + [r for r in view.records if r.trajectory not in view.emitted]
 
 
-def _served(view: RunView) -> dict[tuple[str, int], int]:
-    """(trajectory, reported version) -> the server's version when a stale answer reported it."""
-    served: dict[tuple[str, int], int] = {}
-    for event in view.fault_events:
+def _served(view: RunView, record: SampleRecord) -> dict[int, int]:
+    """Reported version -> the server's version when a stale answer of the record's final attempt reported it
+    (an earlier attempt's stale answer, thrown away by a retry, says nothing about what was trained on)."""
+    served: dict[int, int] = {}
+    for event in view.final_attempt_faults(record):
         match = _STALE_ANSWER.search(event.change) if event.fault == "stale_weight_version" else None
         if match:
-            key = (event.trajectory, int(match[2]))
-            served[key] = max(served.get(key, 0), int(match[1]))
+            served[int(match[2])] = max(served.get(int(match[2]), 0), int(match[1]))
     return served
 
 
 def check(view: RunView) -> list[Violation]:
     bound = view.bounds.max_weight_lag
-    served = _served(view)
     horizon: int | None = None  # the newest version handed to the trainer so far
     out = []
     for record in _in_emission_order(view):
@@ -67,7 +66,8 @@ def check(view: RunView) -> list[Violation]:
         horizon = max(versions) if horizon is None else max(horizon, *versions)
         if record.outcome not in _TRAINED:
             continue
-        server = max((served.get((record.trajectory, v), v) for v in versions))
+        served = _served(view, record)
+        server = max((served.get(v, v) for v in versions))
         trainer = max(horizon, server)
         oldest = min(versions)
         lag = trainer - oldest
@@ -77,5 +77,5 @@ def check(view: RunView) -> list[Violation]:
                                  f"(bound {bound})",
                                  {"weight_versions": record.weight_versions, "oldest": oldest,
                                   "trainer_at_least": trainer, "lag": lag, "bound": bound, "basis": basis},
-                                 preceding(view, record.trajectory)))
+                                 preceding(view, record.trajectory, record)))
     return out

@@ -18,11 +18,11 @@ def check(view: RunView) -> list[Violation]:
             lengths["logprobs"] = len(record.logprobs)
         if len(set(lengths.values())) > 1:
             out.append(Violation(NAME, record.trajectory, f"lengths disagree: {lengths}", lengths,
-                                 preceding(view, record.trajectory)))
+                                 preceding(view, record.trajectory, record)))
         elif record.outcome == "completed" and record.logprobs is None and record.response_length:
             out.append(Violation(NAME, record.trajectory, "completed sample without logprobs",
-                                 {"response_length": record.response_length}, preceding(view, record.trajectory)))
+                                 {"response_length": record.response_length}, preceding(view, record.trajectory, record)))
         elif record.logprobs and len(record.logprobs) > 1 and all(lp == 0.0 for lp in record.logprobs):
             out.append(Violation(NAME, record.trajectory, "logprobs are all exactly 0.0 (zero-filled)",
-                                 {"logprobs": len(record.logprobs)}, preceding(view, record.trajectory)))
+                                 {"logprobs": len(record.logprobs)}, preceding(view, record.trajectory, record)))
     return out

@@ -59,6 +59,8 @@ class SampleRecord:
     weight_versions: list[str] = field(default_factory=list)
     error: ErrorInfo | None = None
     details: dict[str, Any] | None = None  # framework-specific evidence (JSON-able), e.g. a serialized error dict
+    attempt: int | None = None  # which attempt at the trajectory this result is (1: the first); None: not said
+    request_ids: list[str] = field(default_factory=list)  # its final attempt's requests, as the server named them
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -73,8 +75,9 @@ class SampleRecord:
         row.update(error_type=error["type"] if error else None, error_message=error["message"] if error else None,
                    error_traceback=(error["traceback"] or None) if error else None,
                    error_raised_by=error["trajectory"] if error else None)
-        for key in ("response_ids", "logprobs", "loss_mask", "weight_versions"):
+        for key in ("response_ids", "logprobs", "loss_mask", "weight_versions", "request_ids"):
             row.pop(key)
+        row["request_ids"] = ",".join(self.request_ids)
         row["logprobs_count"] = None if self.logprobs is None else len(self.logprobs)
         row["loss_mask_count"] = len(self.loss_mask)
         row["response_ids_count"] = len(self.response_ids)

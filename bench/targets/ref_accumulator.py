@@ -46,6 +46,7 @@ leave the trainer waiting for its result forever, the same hang by another road.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ class RefAccumulator(ReferenceTarget):
         max_age = job.options.get("max_result_age", 1)
         max_age = None if max_age is None else int(max_age)
         dataloader = iter(job.trajectories)
+        self._attempts: collections.Counter[str] = collections.Counter()  # generations per trajectory
         prompts: asyncio.Queue[TrajectorySpec] = asyncio.Queue()
         results: asyncio.Queue[_Result] = asyncio.Queue()
         async with aiohttp.ClientSession() as http:
@@ -122,6 +124,7 @@ class RefAccumulator(ReferenceTarget):
         """One inference slot: prompt in, answer (or error) out, until cancelled."""
         while True:
             spec = await prompts.get()
+            self._attempts[spec.id] += 1  # a stale result's prompt comes back here for another attempt
             try:
                 body = await generate(http, job.base_url, spec, spec.prompt_ids, spec.sampling_params)
             except Exception as error:  # handed to the trainer, which fails the batch with it
@@ -147,7 +150,7 @@ class RefAccumulator(ReferenceTarget):
                 else:
                     emit(_dropped(result.spec, version))  # and nothing takes its place in flight
                 continue
-            batch.append(_record(result.spec, result.body or {}, version))
+            batch.append(_record(result.spec, result.body or {}, version, self._attempts[result.spec.id]))
             following = next(dataloader, None)  # replenish_prompts: one new prompt per accepted result
             if following is not None:
                 prompts.put_nowait(following)
@@ -161,15 +164,17 @@ class RefAccumulator(ReferenceTarget):
             reply.raise_for_status()
 
 
-def _record(spec: TrajectorySpec, body: dict[str, Any], version: str) -> SampleRecord:
+def _record(spec: TrajectorySpec, body: dict[str, Any], version: str, attempt: int) -> SampleRecord:
     ids, logprobs, _text, finish = output_of(body)
+    rid = body.get("meta_info", {}).get("id")
     outcome = _OUTCOME.get(finish, "failed")
     trains = outcome in ("completed", "truncated")
     return SampleRecord(
         trajectory=spec.id, group=spec.group, outcome=outcome, status=finish.upper(),
         prompt_length=len(spec.prompt_ids), response_ids=ids, logprobs=logprobs,
         loss_mask=[1 if trains else 0] * len(ids), response_length=len(ids),
-        reward=1.0 if finish == "stop" else 0.0, weight_versions=[version],
+        reward=1.0 if finish == "stop" else 0.0, weight_versions=[version], attempt=attempt,
+        request_ids=[str(rid)] if rid else [],
     )
 
 

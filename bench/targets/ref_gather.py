@@ -63,7 +63,8 @@ class RefGather(ReferenceTarget):
             trajectory=spec.id, group=spec.group, outcome=_OUTCOME.get(finish, "failed"), status=finish.upper(),
             prompt_length=len(spec.prompt_ids), response_ids=ids, logprobs=logprobs, loss_mask=[1] * len(ids),
             response_length=len(ids), reward=1.0 if finish == "stop" else 0.0,
-            weight_versions=[str(body["meta_info"].get("weight_version"))],
+            weight_versions=[str(body["meta_info"].get("weight_version"))], attempt=1,
+            request_ids=[str(body["meta_info"]["id"])] if body["meta_info"].get("id") else [],
         )
 
 
