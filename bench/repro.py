@@ -210,10 +210,12 @@ class Reproducer:
         signature = self.signature
         try:
             if signature.culprits and signature.invariant not in WHOLE_RUN:
-                first = _flatten(self._culprit_units())
-                small = Candidate(first, _events_for(self.result, first))
-                if self.reproduces(small):
-                    return self._fewer_events(small)
+                units = self._culprit_units()
+                for chosen in ([units[0]], units) if len(units) > 1 else ([units[0]],):  # one culprit, then all
+                    trajectories = _flatten(chosen)
+                    small = Candidate(trajectories, _events_for(self.result, trajectories))
+                    if self.reproduces(small):
+                        return self._fewer_events(small)
             whole = Candidate(self.selection, list(self.result.fault_events))
             if not self.reproduces(whole):
                 return None

@@ -299,7 +299,10 @@ def run_blocking(config: RunConfig) -> RunResult:
 
     try:
         asyncio.get_running_loop()
+        in_a_loop = True
     except RuntimeError:
+        in_a_loop = False
+    if not in_a_loop:  # outside the `except`: the run's own exceptions must not chain to this RuntimeError
         return asyncio.run(run(config))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, run(config)).result()

@@ -104,3 +104,22 @@ class RetriesMissingLogprobs:
                 if attempt > 1:
                     record.loss_mask = record.loss_mask[:-1]
                 emit(record)
+
+
+class FailsOnce:
+    """Crashes on its first run only (a marker file remembers): a failure no rerun brings back."""
+
+    name = "verdict:fails-once"
+    fail_fast = False
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        import pathlib
+
+        marker = pathlib.Path(job.options["marker"])
+        async with aiohttp.ClientSession() as http:
+            for spec in job.trajectories:
+                body = await _generate(http, job, spec)
+                if not marker.exists():
+                    marker.write_text("crashed once")
+                    raise RuntimeError("a one-off failure")
+                emit(_record(spec, body, {"accuracy": 1.0}))
