@@ -21,6 +21,7 @@ from typing import Any, Callable
 from faults import FaultEvent, Plan
 
 from . import attribution
+from .fault_reach import with_reach
 from .invariants import Bounds, HangReport, RunView, Violation, check_all
 from .known import KnownViolation, resolve_known, split
 from .isolation import IsolatedTarget, TargetCrashed, TargetStartError
@@ -281,7 +282,10 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                                                 prompt_length=len(spec.prompt_ids))
         duration = time.monotonic() - clock
         ordered = [records[s.id] for s in specs]
-        view = RunView(ordered, list(server.log.records), list(server.context.faults.log.events), plan,
+        requests = list(server.log.records)
+        events = with_reach(list(server.context.faults.log.events), requests, ordered, batch_error,
+                            server.context.faults.consumed, server.context.tokenizer)
+        view = RunView(ordered, requests, events, plan,
                        {s.id: s.group for s in specs}, store.header.context_length, target.fail_fast,
                        batch_error, hang, duration, config.bounds, emitted)
         violations = check_all(view, config.invariants)

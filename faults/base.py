@@ -30,6 +30,14 @@ class Fault:
     # valid reply, and the fault is no excuse for it (`bench.invariants.root_cause`)
     alters_reply: ClassVar[bool] = True
 
+    def consumed_in(self, later_request: bytes, tokenizer: Any) -> bool:
+        """Whether a later request of the same trajectory, or the sample the target made of it (token ids packed
+        as int32), shows the client acted on this fault's answer; only faults whose effect is visible there
+        override it (`watches_later`)."""
+        return False
+
+    watches_later: ClassVar[bool] = False  # True: `consumed_in` can tell, the engine asks it
+
     def apply(self, exchange: Exchange) -> str:
         raise NotImplementedError
 

@@ -10,7 +10,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from .base import FaultError
+from .base import Fault, FaultError
 from .exchange import Exchange
 from .log import FaultEvent, FaultLog
 from .plan import Plan, PlanError, Rule, parse_spec, make_rule
@@ -48,6 +48,8 @@ class FaultEngine:
         self.plan = plan or EMPTY_PLAN
         self.log = FaultLog()
         self.started = time.monotonic()
+        self._watched: dict[str, list[tuple[FaultEvent, Fault]]] = {}  # trajectory -> events to look out for
+        self.consumed: set[tuple[str, str, str, int, int]] = set()  # identities of events the client acted on
 
     def start_clock(self) -> None:
         """Time windows count from now: the runner calls this once the target is loaded, so a framework's
@@ -100,6 +102,20 @@ class FaultEngine:
             events = []  # the recorded error answers; nothing the rules did shows
         for event in events:
             self.log.append(event)
+        faults = {r.name: r.fault for r in decision.rules}
+        for event in events:
+            if faults[event.rule].watches_later:
+                self._watched.setdefault(event.trajectory, []).append((event, faults[event.rule]))
+
+    def observe(self, trajectory: str | None, later_request: bytes, tokenizer: object) -> None:
+        """A request of `trajectory` arrived: does it show the client acted on a faulted answer it got before?"""
+        watched = self._watched.get(trajectory or "")
+        if not watched:
+            return
+        for event, fault in list(watched):
+            if fault.consumed_in(later_request, tokenizer):
+                self.consumed.add(event.identity)
+                watched.remove((event, fault))
 
     def never_fired(self) -> list[str]:
         return self.log.never_fired(r.name for r in self.plan.rules if r.fault.server_side)

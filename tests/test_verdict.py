@@ -91,3 +91,21 @@ def test_a_retried_sample_is_judged_on_the_attempt_it_kept() -> None:
     assert [e.fault for e in result.fault_events] == ["missing_logprobs"]  # on the attempt it threw away
     [violation] = result.violations
     assert violation.trajectory == "g00001-1" and violation.fault is None  # not "after missing_logprobs"
+
+
+def test_a_fault_the_code_never_met_is_not_counted_as_hit(tmp_path: Path) -> None:
+    result = _run("OwnToolOnly", "oversized_tool_output:bytes=20000,p=1/4,turns=0", n=40)
+    assert result.fault_events and {e.reach for e in result.fault_events} == {"not consumed"}
+    write_report(result, tmp_path)
+    report = load(tmp_path)
+    stats = report["summary"]["drop_rate_by_fault"]["oversized_tool_output"]
+    assert stats["trajectories"] == 0 and stats["events_by_reach"] == {"not consumed": len(result.fault_events)}
+    assert set(report["faults"]["reach"]) == {"not consumed"}
+    assert report["trajectories"]["faults_not_reached"].fillna("").str.contains("oversized_tool_output").sum() \
+        == len({e.trajectory for e in result.fault_events})
+
+
+def test_a_tool_output_the_target_appended_is_consumed() -> None:
+    result = run_blocking(RunConfig(plan=plan_from_specs(["oversized_tool_output:bytes=20000,p=1/4,turns=0"], 0),
+                                    target="ref-tool-loop:fixed", n=40, isolation="inline"))
+    assert result.fault_events and {e.reach for e in result.fault_events} == {"consumed"}

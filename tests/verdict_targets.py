@@ -123,3 +123,16 @@ class FailsOnce:
                     marker.write_text("crashed once")
                     raise RuntimeError("a one-off failure")
                 emit(_record(spec, body, {"accuracy": 1.0}))
+
+
+class OwnToolOnly:
+    """Scores the model's first turn and never runs a tool call it makes (it has a tool of its own, run
+    offline): a tool-output fault cannot reach it."""
+
+    name = "verdict:own-tool-only"
+    fail_fast = False
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        async with aiohttp.ClientSession() as http:
+            for spec in job.trajectories:
+                emit(_record(spec, await _generate(http, job, spec), {"accuracy": 1.0}))

@@ -27,7 +27,8 @@ def fail_closed_on(view: RunView, cause: RootCause) -> list[str]:
     that raised, else the ones the target reported failed)."""
     if cause.trajectory is not None:
         return [cause.trajectory] if cause.fault is not None else []
-    faulted = {e.trajectory for e in view.fault_events if alters_reply(e.fault)}
+    faulted = {e.trajectory for e in view.fault_events if alters_reply(e.fault)
+               and e.reach not in ("not consumed", "not delivered")}
     return [r.trajectory for r in view.records if r.outcome == "failed" and r.trajectory in faulted]
 
 

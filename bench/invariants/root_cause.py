@@ -16,6 +16,9 @@ from faults import FaultEvent, alters_reply
 from ..targets.record import ErrorInfo
 
 
+_NOT_REACHED = ("not consumed", "not delivered")  # `bench.fault_reach`: it could not have caused anything
+
+
 @dataclass(frozen=True)
 class RootCause:
     error: ErrorInfo
@@ -47,7 +50,9 @@ class RootCause:
 
 
 def root_cause(error: ErrorInfo, fault_events: list[FaultEvent]) -> RootCause:
-    """Only a fault that altered the reply excuses it: a delayed reply (latency) is still a valid one."""
+    """Only a fault that altered the reply and reached the code excuses it: a delayed reply (latency) is still a
+    valid one, and a tool call the target never ran changed nothing it saw."""
     trajectory = error.trajectory
-    reached = [e for e in fault_events if e.trajectory == trajectory and alters_reply(e.fault)] if trajectory else []
+    reached = [e for e in fault_events if e.trajectory == trajectory and alters_reply(e.fault)
+               and e.reach not in _NOT_REACHED] if trajectory else []
     return RootCause(error, trajectory, reached[-1] if reached else None)

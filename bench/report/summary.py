@@ -48,6 +48,11 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
     for fault in sorted({f for cell in trajectories["faults"].fillna("") for f in str(cell).split(",") if f}):
         hit = trajectories["faults"].fillna("").str.split(",").apply(lambda names, f=fault: f in names)
         by_fault[fault] = {"trajectories": int(hit.sum()), "drop_rate": round(float(dropped[hit].mean()), 6)}
+    faults = tables["faults"]
+    for fault, reaches in (faults.groupby("fault")["reach"].value_counts().unstack(fill_value=0).iterrows()
+                           if len(faults) else ()):
+        entry = by_fault.setdefault(fault, {"trajectories": 0, "drop_rate": None})
+        entry["events_by_reach"] = {str(k): int(v) for k, v in reaches.items() if v}
     turns = requests.dropna(subset=["trajectory"]).drop_duplicates(["trajectory", "turn"])
     duration = max(result.duration_s, 1e-9)
     plan = result.config.plan
@@ -104,7 +109,10 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
         ("drop rate", f"{summary['drop_rate']:.2%}"),
     ]
     for fault, stats in summary["drop_rate_by_fault"].items():
-        lines.append((f"  {fault}", f"{stats['drop_rate']:.2%} of {stats['trajectories']} hit"))
+        rate = f"{stats['drop_rate']:.2%}" if stats["drop_rate"] is not None else "-"
+        missed = {k: v for k, v in (stats.get("events_by_reach") or {}).items() if k not in ("consumed", "delivered")}
+        lines.append((f"  {fault}", f"{rate} of {stats['trajectories']} hit"
+                      + "".join(f"; {count} {reach}" for reach, count in missed.items())))
     throughput = summary["throughput"]
     lines.append(("throughput", f"{throughput.get('samples_per_s', throughput['trajectories_per_s'])} samples/s, {throughput['requests_per_s']} req/s, "
                                 f"{throughput['output_tokens_per_s']} tok/s"))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..fault_reach import REACHED
 from ..runner import RunResult
 from ..server.request_log import COLUMNS as REQUEST_COLUMNS
 from faults.log import COLUMNS as FAULT_COLUMNS
@@ -14,13 +15,23 @@ from faults.log import COLUMNS as FAULT_COLUMNS
 TABLES = ("trajectories", "requests", "faults")
 
 
+def _names_by_trajectory(faults: pd.DataFrame) -> dict[str, str]:
+    if faults.empty:
+        return {}
+    return faults.groupby("trajectory")["fault"].agg(lambda s: ",".join(sorted(set(s)))).to_dict()
+
+
 def frames(result: RunResult) -> dict[str, pd.DataFrame]:
+    """`faults` in the trajectories table names only the faults that reached the code (`bench.fault_reach`):
+    drop rates by fault type are computed from it; `faults_not_reached` names the others."""
     faults = pd.DataFrame([asdict(e) for e in result.fault_events], columns=FAULT_COLUMNS)
-    hit = faults.groupby("trajectory")["fault"].agg(lambda s: ",".join(sorted(set(s)))) if len(faults) else {}
+    reached = faults["reach"].isin(REACHED) | faults["reach"].eq("")
+    hit, missed = _names_by_trajectory(faults[reached]), _names_by_trajectory(faults[~reached])
     rows = []
     for record in result.records:
         row = record.to_row()
-        row["faults"] = hit.get(record.trajectory, "") if len(faults) else ""
+        row["faults"] = hit.get(record.trajectory, "")
+        row["faults_not_reached"] = missed.get(record.trajectory, "")
         rows.append(row)
     requests = pd.DataFrame([asdict(r) for r in result.requests], columns=REQUEST_COLUMNS)
     return {"trajectories": pd.DataFrame(rows), "requests": requests, "faults": faults}

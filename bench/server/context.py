@@ -83,6 +83,7 @@ class ServerContext:
         """Identify a request and build its (not yet paced) answer."""
         packed = pack(ids)
         identity = self.identifier.identify(packed, hint)
+        self.faults.observe(identity.trajectory, packed, self.tokenizer)  # did it act on an earlier faulted answer?
         return build_generation(identity, self._recorded(identity), params, self.tokenizer, seed_bytes=packed)
 
     def _recorded(self, identity: Identity):  # type: ignore[no-untyped-def]

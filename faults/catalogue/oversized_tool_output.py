@@ -5,6 +5,8 @@ The call is in the chat template's format (`<tool_call>` JSON); its command prin
 """
 
 import json
+import struct
+from typing import Any
 
 from bench.hooks import emit_command
 
@@ -22,6 +24,13 @@ class OversizedToolOutput(Fault):
     def check(self) -> None:
         if self.bytes < 1:
             raise FaultError(f"{self.name}: parameter 'bytes' must be positive; got {self.bytes}")
+
+    watches_later = True  # the tool's output shows in the trajectory's next request, if the call was run
+
+    def consumed_in(self, later_request: bytes, tokenizer: Any) -> bool:
+        """The target ran the call: its output (a run of `x`, trimmed or not) is in a later request."""
+        run = min(self.bytes, 8)
+        return struct.pack(f"<{run}i", *([tokenizer.encode("x")[0]] * run)) in later_request
 
     def apply(self, exchange: Exchange) -> str:
         arguments = json.dumps({"command": emit_command(self.bytes)})
