@@ -80,7 +80,7 @@ class Candidate:
     """One rerun: these trajectories, these exact fault events, everything else as in the run."""
 
     trajectories: list[str]
-    events: list[FaultEvent]
+    events: list[FaultEvent] | None  # None: the run's plan as it was (the whole run, rules that never fired too)
 
 
 @dataclass
@@ -98,7 +98,8 @@ class ReproOutcome:
                 "culprits": list(self.signature.culprits), "path": str(self.path) if self.path else None,
                 "reproduced": self.path is not None, "reruns": self.reruns, "seconds": round(self.seconds, 3),
                 "trajectories": len(self.candidate.trajectories) if self.candidate else None,
-                "fault_events": len(self.candidate.events) if self.candidate else None, "note": self.note}
+                "fault_events": len(self.candidate.events) if self.candidate and self.candidate.events is not None
+                else None, "note": self.note}
 
 
 @dataclass
@@ -137,6 +138,8 @@ def _kept_rules(plan: Plan | None) -> list[Rule]:
 
 def candidate_config(result: RunResult, candidate: Candidate) -> RunConfig:
     plan = result.config.plan
+    if candidate.events is None:
+        return replace(result.config, trajectories=list(candidate.trajectories), n=None)
     rules = {r.name: r for r in (plan.rules if plan else ())}
     exact = _exact_rules(candidate.events, rules)
     repro_plan = Plan(f"repro of {plan.name if plan else 'none'}", plan.seed if plan else 0,
@@ -201,7 +204,7 @@ class Reproducer:
         again = run_blocking(candidate_config(self.result, candidate))
         found = self.signature.matches(again.violations)
         self.say(f"  rerun {self.budget.used}: {len(candidate.trajectories)} trajectories, "
-                 f"{len(candidate.events)} fault events: {'reproduced' if found else 'not reproduced'} "
+                 f"{_events_text(candidate)}: {'reproduced' if found else 'not reproduced'} "
                  f"({time.monotonic() - started:.1f} s)")
         return found
 
@@ -216,7 +219,7 @@ class Reproducer:
                     small = Candidate(trajectories, _events_for(self.result, trajectories))
                     if self.reproduces(small):
                         return self._fewer_events(small)
-            whole = Candidate(self.selection, list(self.result.fault_events))
+            whole = Candidate(self.selection, None)
             if not self.reproduces(whole):
                 return None
             if not self.budget.minimise or signature.invariant in WHOLE_RUN:
@@ -249,8 +252,10 @@ class Reproducer:
 
     def _fewer_events(self, found: Candidate) -> Candidate:
         self._best = found
+        if found.events is None:
+            found = Candidate(found.trajectories, _events_for(self.result, found.trajectories))
         if not self.budget.minimise or not found.events:
-            return found
+            return self._best
         if self.reproduces(Candidate(found.trajectories, [])):  # fails on valid replies alone
             self._best = Candidate(found.trajectories, [])
             return self._best
@@ -267,6 +272,10 @@ class Reproducer:
         except _OutOfBudget:
             pass
         return self._best
+
+
+def _events_text(candidate: Candidate) -> str:
+    return "the run's plan" if candidate.events is None else f"{len(candidate.events)} fault events"
 
 
 def write_repros(result: RunResult, folder: str | Path, *, budget: Budget | None = None,
@@ -298,7 +307,7 @@ def write_repros(result: RunResult, folder: str | Path, *, budget: Budget | None
                             signature=signature, violation=violation,
                             verified={"reruns": spent.used, "seconds": round(seconds, 3)},
                             events=candidate.events)
-        say(f"  {path}: {len(candidate.trajectories)} trajectories, {len(candidate.events)} fault events, "
+        say(f"  {path}: {len(candidate.trajectories)} trajectories, {_events_text(candidate)}, "
             f"seen failing the same way ({spent.used} reruns, {seconds:.1f} s)")
         outcomes.append(ReproOutcome(signature, violation, path, spent.used, seconds, candidate))
     return outcomes
