@@ -403,7 +403,8 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
             rules = [make_rule({"fault": e["fault"], **e.get("params", {}), "trajectories": [e["trajectory"]],
                                 "turns": [e["turn"]], "attempts": [e["attempt"]]}, f"{e['rule']}@{index}")
                      for index, e in enumerate(data.get("events", []))]
-        plan = Plan(f"repro of {data['plan']}", int(data["seed"]), tuple(rules),
+        name = str(data["plan"])
+        plan = Plan(name if name.startswith("repro of ") else f"repro of {name}", int(data["seed"]), tuple(rules),
                     f"repro: {data.get('invariant', 'run')}", str(path))
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
                                     "target_options": dict(data.get("target_options", {})), "known": data.get("known")}
