@@ -99,7 +99,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # a repro replays one trajectory's events: recorded latencies add wall time and no overlap to it
     time_scale = args.time_scale if args.time_scale is not None else (0.0 if args.repro else 0.05)
     options: dict[str, Any] = dict(concurrency=args.concurrency, time_scale=time_scale, watchdog_s=args.watchdog,
-                                   invariants=args.invariants.split(",") if args.invariants else None, bounds=bounds)
+                                   deadline_s=args.deadline, bounds=bounds,
+                                   invariants=args.invariants.split(",") if args.invariants else None)
     if args.python:
         options["python"] = args.python
     if args.in_process:
@@ -332,7 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--time-scale", type=float,
                      help="replay recorded latencies scaled by this (default 0.05: requests overlap as in "
                           "production, a 500-trajectory run takes seconds; with --repro 0: as fast as possible)")
-    run.add_argument("--watchdog", type=float, default=30.0, help="seconds without progress before a hang (30)")
+    run.add_argument("--watchdog", type=float, default=30.0,
+                     help="seconds without progress (a sample finished, or a recorded turn answered for the first "
+                          "time) before the run ends as a hang, or a livelock if requests kept coming (30)")
+    run.add_argument("--deadline", type=float, default=3600.0,
+                     help="seconds after which any run ends, start-up included: stacks taken, worker killed, a "
+                          "liveness violation (3600)")
     run.add_argument("--invariants", help="comma-separated invariants to check (default all)")
     run.add_argument("--known", metavar="NAME|FILE",
                      help="known findings (a shipped name, e.g. miles, or a TOML file): violations they declare are "

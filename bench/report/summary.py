@@ -65,7 +65,9 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "drop_rate_by_fault": by_fault,
         "batch_error": None if result.batch_error is None else {
             "type": result.batch_error.type, "message": result.batch_error.message},
-        "hang": None if result.hang is None else {"idle_s": result.hang.idle_s,
+        "hang": None if result.hang is None else {"idle_s": result.hang.idle_s, "kind": result.hang.kind,
+                                                  "requests_in_window": result.hang.requests_in_window,
+                                                  "deadline_s": result.hang.deadline_s,
                                                   "pending_tasks": len(result.hang.stacks)},
         "violations": [v.to_dict() for v in result.violations],
         "violated_invariants": sorted({v.invariant for v in result.violations}),
@@ -116,8 +118,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["batch_error"]:
         lines.append(("batch error", f"{summary['batch_error']['type']}: {summary['batch_error']['message']}"))
     if summary["hang"]:
-        lines.append(("hang", f"no progress for {summary['hang']['idle_s']} s; "
-                              f"{summary['hang']['pending_tasks']} tasks pending"))
+        hang = summary["hang"]
+        kind = hang.get("kind", "hang")
+        during = f" ({hang['requests_in_window']} requests meanwhile)" if kind == "livelock" else ""
+        what = f"ended at its {hang['deadline_s']:g} s deadline" if kind == "deadline" else \
+            f"no progress for {hang['idle_s']} s{during}"
+        lines.append((kind, f"{what}; {hang['pending_tasks']} tasks pending"))
     violations = summary["violations"]
     lines.append(("violations", str(len(violations)) if violations else "none"))
     for violation in violations[:10]:
