@@ -120,7 +120,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
           f"seed={plan.seed if plan else None}", file=sys.stderr)
-    result = asyncio.run(run(config, show_progress=True, while_starting=_load_report_writer))
+    try:
+        result = asyncio.run(_until_terminated(run(config, show_progress=True, while_starting=_load_report_writer)))
+    except _Terminated:
+        print("run: terminated (SIGTERM); the worker and its process group were killed, no report written",
+              file=sys.stderr)
+        return 128 + 15
     from .report import format_summary, write_report
 
     summary = write_report(result, out, junit=args.junit)
@@ -131,6 +136,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"repro: {repro.resolve()}  (rerun: rollout-bench run --repro {repro})")
     _suggest_warm_worker(result.worker)
     return 0 if result.ok else 1
+
+
+class _Terminated(Exception):
+    """`rollout-bench run` got SIGTERM."""
+
+
+async def _until_terminated(work: Any) -> Any:
+    """Await `work`; on SIGTERM cancel it, so the run ends the way Ctrl-C ends it: its worker's process
+    group killed (`IsolatedTarget` on cancel, `runner.run`'s cleanup), the server closed."""
+    import asyncio
+    import signal
+
+    task = asyncio.ensure_future(work)
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated() from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _suggest_warm_worker(worker: dict[str, Any] | None, slow_s: float = 5.0) -> None:
