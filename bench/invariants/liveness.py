@@ -13,8 +13,9 @@ NAME = "liveness"
 
 def _message(hang: HangReport) -> str:
     if hang.kind == "livelock":
-        return (f"livelock: {hang.requests_in_window} requests in {hang.window_s:.1f} s but no sample finished "
-                f"and no recorded turn was newly answered for {hang.idle_s:.1f} s: the run went in circles")
+        rate = hang.requests_in_window / hang.window_s if hang.window_s > 0 else 0.0
+        return (f"livelock: {hang.requests_in_window} requests in {hang.window_s:.1f} s ({rate:.1f}/s), but no "
+                f"sample finished and no recorded turn was newly answered: the run went in circles")
     if hang.kind == "deadline":
         return f"deadline: the run was still going after its {hang.deadline_s:g} s deadline and was ended"
     return f"no progress for {hang.idle_s:.1f} s: the run hung"
