@@ -98,7 +98,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     # a repro file records every input of its run: only what is given on this command line overrides it
     given = {key: value for key, value in (("concurrency", args.concurrency), ("time_scale", args.time_scale),
-                                           ("watchdog_s", args.watchdog)) if value is not None}
+                                           ("watchdog_s", args.watchdog),
+                                           ("deadline_s", args.deadline)) if value is not None}
     if args.invariants:
         given["invariants"] = args.invariants.split(",")
     bounds = {key: value for key, value in (("max_weight_lag", args.max_weight_lag),
@@ -127,7 +128,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
           f"seed={plan.seed if plan else None}", file=sys.stderr)
-    result = asyncio.run(run(config, show_progress=True, while_starting=_load_report_writer))
+    try:
+        result = asyncio.run(_until_terminated(run(config, show_progress=True, while_starting=_load_report_writer)))
+    except _Terminated:
+        print("run: terminated (SIGTERM); the worker and its process group were killed, no report written",
+              file=sys.stderr)
+        return 128 + 15
     from .report import format_summary, write_report
 
     summary = write_report(result, out, junit=args.junit)
@@ -150,6 +156,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
         write_config(result.config, out / "run.toml", result=result)
     _suggest_warm_worker(result.worker)
     return 0 if result.ok else 1
+
+
+class _Terminated(Exception):
+    """`rollout-bench run` got SIGTERM."""
+
+
+async def _until_terminated(work: Any) -> Any:
+    """Await `work`; on SIGTERM cancel it, so the run ends the way Ctrl-C ends it: its worker's process
+    group killed (`IsolatedTarget` on cancel, `runner.run`'s cleanup), the server closed."""
+    import asyncio
+    import signal
+
+    task = asyncio.ensure_future(work)
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated() from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _suggest_warm_worker(worker: dict[str, Any] | None, slow_s: float = 5.0) -> None:
@@ -352,7 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--time-scale", type=float,
                      help="replay recorded latencies scaled by this (default 0.05: requests overlap as in "
                           "production, a 500-trajectory run takes seconds; with --repro: the repro's own)")
-    run.add_argument("--watchdog", type=float, help="seconds without progress before a hang (30; a repro's own)")
+    run.add_argument("--watchdog", type=float,
+                     help="seconds without progress (a sample finished, or a recorded turn answered for the first "
+                          "time) before the run ends as a hang, or a livelock if requests kept coming (30; a "
+                          "repro's own)")
+    run.add_argument("--deadline", type=float,
+                     help="seconds after which any run ends, start-up included: stacks taken, worker killed, a "
+                          "liveness violation (3600; a repro's own)")
     run.add_argument("--invariants", help="comma-separated invariants to check (default all)")
     run.add_argument("--known", metavar="NAME|FILE",
                      help="known findings (a shipped name, e.g. miles, or a TOML file): violations they declare are "

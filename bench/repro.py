@@ -355,7 +355,8 @@ def write_config(config: RunConfig, path: Path, *, result: RunResult | None = No
               f"plan = {toml_value(plan.name if plan else 'none')}",
               f"concurrency = {config.concurrency}",
               f"time_scale = {toml_value(config.time_scale)}",
-              f"watchdog_s = {toml_value(config.watchdog_s)}"]
+              f"watchdog_s = {toml_value(config.watchdog_s)}",
+              f"deadline_s = {toml_value(config.deadline_s)}"]
     if config.invariants is not None:
         lines.append(f"invariants = {toml_value(config.invariants)}")
     known = _known_spec(config, result)
@@ -408,7 +409,7 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
                     f"repro: {data.get('invariant', 'run')}", str(path))
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
                                     "target_options": dict(data.get("target_options", {})), "known": data.get("known")}
-        for key in ("python", "concurrency", "time_scale", "watchdog_s", "invariants", "n"):
+        for key in ("python", "concurrency", "time_scale", "watchdog_s", "deadline_s", "invariants", "n"):
             if key in data:
                 recorded[key] = data[key]
         if "bounds" in data:

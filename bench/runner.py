@@ -47,7 +47,8 @@ class RunConfig:
     trajectories: list[str] | None = None  # run only these (repro files)
     concurrency: int = 64
     time_scale: float = 0.0
-    watchdog_s: float = 30.0
+    watchdog_s: float = 30.0  # seconds without a finished sample or a newly answered turn: a hang or a livelock
+    deadline_s: float = 3600.0  # any run ends after this many seconds (its start-up included): a liveness violation
     startup_s: float = 300.0  # a worker's interpreter start and framework imports (not counted as a hang)
     invariants: list[str] | None = None
     bounds: Bounds = field(default_factory=Bounds)
@@ -111,19 +112,6 @@ async def _started(task: asyncio.Task[None], target: TargetAdapter, limit_s: flo
     return task.done() or target.started.is_set()
 
 
-async def _watch(task: asyncio.Task[None], progress: Callable[[], tuple[int, int]], idle_s: float) -> bool:
-    """Wait for the target; True if it made no progress (records, requests) for `idle_s` seconds."""
-    last, changed = progress(), time.monotonic()
-    while not task.done():
-        await asyncio.wait({task}, timeout=min(0.25, idle_s))
-        now = progress()
-        if now != last:
-            last, changed = now, time.monotonic()
-        elif time.monotonic() - changed > idle_s:
-            return True
-    return False
-
-
 def _stack(task: asyncio.Task[Any]) -> str:
     buffer = io.StringIO()
     task.print_stack(file=buffer)
@@ -152,7 +140,7 @@ def _loss_cause(trajectory: str, batch_error: ErrorInfo | None, hang: HangReport
             return batch_error
         return ErrorInfo(batch_error.type, batch_error.message, "", batch_error.trajectory)
     if hang is not None:
-        return ErrorInfo("Hang", f"no progress for {hang.idle_s:g} s", "")
+        return _stall_cause(hang)
     return ErrorInfo("Missing", "the target returned no record", "")
 
 
@@ -224,6 +212,7 @@ class _SideWork:
 async def _run_with(target: TargetAdapter, config: RunConfig, started: float, clock: float,
                     side_cpu_s: Callable[[], float], cpu: float, show_progress: bool) -> RunResult:
     from .server import BenchServer  # after the worker's start: aiohttp's server is a few hundred ms to import
+    from .watchdog import DEADLINE, HANG, ServedTurns, Stall, watch
 
     async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
                            groups_of=config.trajectories, **config.server_options) as server:
@@ -254,19 +243,34 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
             attribution.install()  # an inline target's exceptions name the trajectory that raised them
         before = asyncio.all_tasks()
         task = asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
-        started_in_time = await _started(task, target, config.startup_s)
+        deadline = clock + config.deadline_s
+        startup_limit = min(config.startup_s, max(0.0, deadline - time.monotonic()))
+        started_in_time = await _started(task, target, startup_limit)
         server.context.faults.start_clock()  # fault windows count from the target's start, not its imports
-        hung = not started_in_time or await _watch(task, lambda: (len(records), len(server.log)), config.watchdog_s)
+        served = ServedTurns(server.log, store)
+
+        def progress() -> tuple[int, int]:
+            """Finished work (samples emitted, recorded turns answered), and the generate requests received."""
+            turns, requests = served.update()
+            return len(records) + turns, requests
+
+        stall = await watch(task, progress, config.watchdog_s, deadline) if started_in_time else \
+            Stall(DEADLINE if startup_limit < config.startup_s else HANG, startup_limit, 0)
+        hung = stall is not None
         idle_s = config.watchdog_s if started_in_time else config.startup_s
         returned_at = None if hung else time.time()
         accepting = False
         bar.close()
         hang = batch_error = None
-        if hung and isinstance(target, IsolatedTarget):
-            hang = HangReport(idle_s, await target.dump_stacks())
-        elif hung:
-            pending = {t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()}
-            hang = HangReport(idle_s, [_stack(t) for t in pending])
+        if stall is not None:
+            if isinstance(target, IsolatedTarget):
+                stacks = await target.dump_stacks()
+            else:
+                stacks = [_stack(t) for t in asyncio.all_tasks() - before
+                          if not t.done() and t is not asyncio.current_task()]
+            hang = HangReport(stall.idle_s if stall.kind == DEADLINE else idle_s, stacks, stall.kind,
+                              stall.requests_in_window, round(stall.idle_s, 3),
+                              config.deadline_s if stall.kind == DEADLINE else None)
         elif isinstance(task.exception(), TargetStartError):
             raise task.exception()  # type: ignore[misc]
         elif task.exception() is not None:
@@ -295,6 +299,15 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          isolated.describe() if isolated else None, time.process_time() - cpu - side_cpu_s(),
                          isolated.returned_at if isolated else returned_at,
                          recorded_outcomes={t.id: t.recorded_outcome for t in chosen})
+
+
+def _stall_cause(hang: HangReport) -> ErrorInfo:
+    """What a trajectory lost to a stall is marked with."""
+    if hang.kind == "livelock":
+        return ErrorInfo("Livelock", f"requests flowed but nothing finished for {hang.idle_s:g} s", "")
+    if hang.kind == "deadline":
+        return ErrorInfo("Deadline", f"the run reached its {hang.deadline_s:g} s deadline", "")
+    return ErrorInfo("Hang", f"no progress for {hang.idle_s:g} s", "")
 
 
 def run_blocking(config: RunConfig) -> RunResult:

@@ -28,8 +28,14 @@ class Bounds:
 
 @dataclass(frozen=True)
 class HangReport:
-    idle_s: float
+    """Why the runner stopped waiting for the target, with every stack it could collect."""
+
+    idle_s: float  # the watchdog's window (hang, livelock) or the seconds since the last progress (deadline)
     stacks: list[str]
+    kind: str = "hang"  # hang: nothing flowed; livelock: requests flowed, nothing finished; deadline: out of time
+    requests_in_window: int = 0  # generate requests the server received while nothing finished
+    window_s: float = 0.0  # how long that was
+    deadline_s: float | None = None  # the run's deadline, when it is what ended the run
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> None:
         for entry in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
             if entry and entry not in sys.path:
                 sys.path.insert(0, entry)
-        worker.main([request["spec"], json.dumps(request["options"]), request["stacks"]])
+        worker.main([request["spec"], json.dumps(request["options"]), request["stacks"]], parent_is_harness=False)
     finally:
         os._exit(5)  # worker.main never returns; this only runs if setting up the child failed
 

@@ -3,6 +3,8 @@
 The harness starts the worker first; it loads the target (and calls its optional
 `warm_up(options)`, where a framework's slow imports belong) while the harness loads the trace
 and starts the server, says `hello`, then reads the job file's path from stdin and runs it.
+Stdin stays open for the whole run: when it reaches end of file, the harness is gone, and the
+worker kills its own process group (`lifeline`).
 
 Frameworks bind HTTP clients and singletons to the first event loop, keep orphaned tasks
 alive after a crash and print freely; so a target runs here, alone, and the process ends
@@ -32,6 +34,7 @@ from typing import Any, BinaryIO
 
 from .. import attribution
 from ..targets.record import ErrorInfo, SampleRecord
+from .lifeline import Lifeline, die_with_parent
 from .protocol import TASK_MARKER, encode, error_to_dict, job_from_json, record_to_dict
 
 
@@ -69,7 +72,8 @@ def _dump_tasks(stacks_path: Path, worker_task: asyncio.Task[Any] | None) -> Non
     tasks_path.write_text(buffer.getvalue())
 
 
-async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], stacks_path: Path) -> int:
+async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], stacks_path: Path,
+               lifeline: Lifeline) -> int:
     from ..targets import resolve_target
 
     try:
@@ -84,7 +88,7 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], sta
                                                     asyncio.current_task())
     channel.send("hello", target=target.name, fail_fast=bool(target.fail_fast), pid=os.getpid(),
                  python=sys.executable, versions=_versions())
-    job_line = await asyncio.to_thread(sys.stdin.readline)
+    job_line = await lifeline.job_line()
     if not job_line.strip():
         return 0  # the harness gave up before sending a job (its trace or server failed to load)
     job = job_from_json(Path(job_line.strip()).read_text())
@@ -103,16 +107,20 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], sta
     return 0
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *, parent_is_harness: bool = True) -> None:
+    """Run one target; `parent_is_harness` is False in a child forked by a warm worker (see `lifeline`)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
         sys.stderr.write("usage: python -m bench.isolation.worker TARGET OPTIONS_JSON STACKS  (job path on stdin)\n")
         raise SystemExit(2)
     target_spec, options, stacks_path = args[0], json.loads(args[1]), Path(args[2])
+    if parent_is_harness:
+        die_with_parent()
+    lifeline = Lifeline().start()  # from here on, the harness ending ends this process group
     channel = _Channel()
     faulthandler.register(signal.SIGUSR1, file=stacks_path.open("w"), all_threads=True)
     try:
-        status = asyncio.run(_run(channel, target_spec, options, stacks_path))
+        status = asyncio.run(_run(channel, target_spec, options, stacks_path, lifeline))
     except BaseException:  # noqa: BLE001 - last resort: the harness reads the log
         traceback.print_exc()
         status = 4

@@ -72,7 +72,9 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         # what raised, whose code raised it, whether an injected fault reached it, the full traceback
         "batch_error": None if result.batch_error is None else root_cause(result.batch_error,
                                                                           result.fault_events).to_dict(),
-        "hang": None if result.hang is None else {"idle_s": result.hang.idle_s,
+        "hang": None if result.hang is None else {"idle_s": result.hang.idle_s, "kind": result.hang.kind,
+                                                  "requests_in_window": result.hang.requests_in_window,
+                                                  "deadline_s": result.hang.deadline_s,
                                                   "pending_tasks": len(result.hang.stacks)},
         "violations": [v.to_dict() for v in result.violations],
         "violated_invariants": sorted({v.invariant for v in result.violations}),
@@ -127,8 +129,12 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     if error:
         lines.append(("batch error", error.get("explanation") or f"{error['type']}: {error['message']}"))
     if summary["hang"]:
-        lines.append(("hang", f"no progress for {summary['hang']['idle_s']} s; "
-                              f"{summary['hang']['pending_tasks']} tasks pending"))
+        hang = summary["hang"]
+        kind = hang.get("kind", "hang")
+        during = f" ({hang['requests_in_window']} requests meanwhile)" if kind == "livelock" else ""
+        what = f"ended at its {hang['deadline_s']:g} s deadline" if kind == "deadline" else \
+            f"no progress for {hang['idle_s']} s{during}"
+        lines.append((kind, f"{what}; {hang['pending_tasks']} tasks pending"))
     violations = summary["violations"]
     lines.append(("violations", _violation_counts(violations) if violations else "none"))
     for violation in violations[:10]:
