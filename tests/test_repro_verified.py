@@ -71,3 +71,25 @@ def test_a_failure_that_does_not_come_back_gets_no_repro(tmp_path: Path) -> None
     [outcome] = write_repros(result, tmp_path, budget=Budget(reruns=3), say=_say(lines))
     assert outcome.path is None and "not reproduced in 2 reruns" in outcome.note
     assert not (tmp_path / "repro.toml").exists() and (tmp_path / "run.toml").is_file()
+
+
+def test_a_group_level_finding_keeps_its_whole_group(tmp_path: Path) -> None:
+    result = run_blocking(RunConfig(plan=None, target="tests.verdict_targets:DropsOneSilently", n=12,
+                                    invariants=["group_completeness"]))
+    assert [(v.invariant, v.trajectory) for v in result.violations] == [("group_completeness", "g00001-2")]
+    [outcome] = write_repros(result, tmp_path, budget=Budget(reruns=4), say=lambda line: None)
+    assert outcome.path is not None and outcome.candidate is not None
+    assert outcome.candidate.trajectories == ["g00001-0", "g00001-1", "g00001-2", "g00001-3"]
+    again = run_blocking(load_repro(outcome.path).config)
+    assert [(v.invariant, v.trajectory) for v in again.violations] == [("group_completeness", "g00001-2")]
+
+
+def test_a_failure_without_a_culprit_reruns_the_whole_selection(tmp_path: Path) -> None:
+    result = run_blocking(RunConfig(plan=None, target="tests.targets_for_tests:Hangs", n=6, watchdog_s=1.0,
+                                    invariants=["liveness"]))
+    assert [v.trajectory for v in result.violations] == [None]
+    [outcome] = write_repros(result, tmp_path, budget=Budget(reruns=2), say=lambda line: None)
+    assert outcome.path is not None
+    config = load_repro(outcome.path).config
+    assert config.trajectories == [r.trajectory for r in result.records] and len(config.trajectories) == 6
+    assert [v.invariant for v in run_blocking(config).violations] == ["liveness"]

@@ -136,3 +136,18 @@ class OwnToolOnly:
         async with aiohttp.ClientSession() as http:
             for spec in job.trajectories:
                 emit(_record(spec, await _generate(http, job, spec), {"accuracy": 1.0}))
+
+
+class DropsOneSilently:
+    """Returns normally without a word about one trajectory (its group is left partial)."""
+
+    name = "verdict:drops-one-silently"
+    fail_fast = False
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        dropped = job.options.get("dropped", "g00001-2")
+        async with aiohttp.ClientSession() as http:
+            for spec in job.trajectories:
+                body = await _generate(http, job, spec)
+                if spec.id != dropped:
+                    emit(_record(spec, body, {"accuracy": 1.0}))
