@@ -12,8 +12,9 @@ Every piece of a target's code that works for one trajectory runs in a context n
 An HTTP error handed from the task that received it to another one (a worker queue, a trainer loop)
 keeps the answer's headers: the server's identification is the fallback.
 
-asyncio copies a task's context when it creates it, so child tasks inherit the name. A task factory
-reads the task's own context when it ends with an exception and stamps the trajectory on the exception
+asyncio copies a task's context when it creates it, so child tasks inherit the name. Every loop's
+`create_task` (patched once per process: frameworks run loops of their own on threads) keeps the task's
+context and, when the task ends with an exception, stamps the trajectory it names on the exception
 (once: the innermost task that raised wins). `trajectory_of(error)` then walks the exception's chain
 (causes, contexts, exception groups) from the root cause outwards and returns the first stamp.
 """
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import contextvars
 import sys
+from asyncio import base_events
 from typing import Any, Iterator
 
 SERVED_TRAJECTORY_HEADER = "X-Bench-Served-Trajectory"
@@ -105,19 +107,6 @@ def trajectory_of(error: BaseException) -> str | None:
     return None
 
 
-def _task_factory(previous: Any) -> Any:
-    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        context = kwargs.pop("context", None) or contextvars.copy_context()
-        if previous is not None:
-            task = previous(loop, coro, context=context, **kwargs)
-        else:
-            task = asyncio.Task(coro, loop=loop, context=context, **kwargs)
-        task.add_done_callback(lambda done: _stamp_task(done, context))
-        return task
-
-    return factory
-
-
 def _stamp_task(task: asyncio.Future[Any], context: contextvars.Context) -> None:
     # `_exception`, not `exception()`: reading it must not mark the error as retrieved (asyncio's
     # "exception was never retrieved" report is evidence of a leaked task)
@@ -126,14 +115,21 @@ def _stamp_task(task: asyncio.Future[Any], context: contextvars.Context) -> None
         stamp(error, context.get(CURRENT_TRAJECTORY))
 
 
-def install_task_factory(loop: asyncio.AbstractEventLoop) -> None:
-    """Stamp every task's exception with the trajectory its context named when it ended."""
-    previous = loop.get_task_factory()
-    if getattr(previous, _PATCHED, False):
+def _patch_create_task() -> None:
+    """Every event loop's tasks (a framework may run its own loop on a thread): each task runs in a context
+    the patch keeps, so that when it ends with an exception the trajectory that context named is stamped."""
+    if getattr(base_events.BaseEventLoop.create_task, _PATCHED, False):
         return
-    factory = _task_factory(previous)
-    setattr(factory, _PATCHED, True)
-    loop.set_task_factory(factory)
+    original = base_events.BaseEventLoop.create_task
+
+    def create_task(self: Any, coro: Any, **kwargs: Any) -> Any:
+        context = kwargs.pop("context", None) or contextvars.copy_context()
+        task = original(self, coro, context=context, **kwargs)
+        task.add_done_callback(lambda done: _stamp_task(done, context))
+        return task
+
+    setattr(create_task, _PATCHED, True)
+    base_events.BaseEventLoop.create_task = create_task  # type: ignore[method-assign]
 
 
 def _patch_aiohttp() -> None:
@@ -172,9 +168,9 @@ def _patch_httpx() -> None:
     httpx.AsyncClient.send, httpx.Client.send = send_async, send_sync
 
 
-def install(loop: asyncio.AbstractEventLoop | None = None) -> None:
+def install() -> None:
     """Name trajectories in the target's process: its HTTP clients (those already imported: call this after
-    the target's imports) and the tasks of `loop` (default: the running loop)."""
+    the target's imports) and the tasks of every event loop."""
     _patch_aiohttp()
     _patch_httpx()
-    install_task_factory(loop or asyncio.get_running_loop())
+    _patch_create_task()
