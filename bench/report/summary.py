@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from .. import __version__
+from ..invariants.vacuity import reach
 from ..runner import RunResult
 from ..targets import DROPPED_OUTCOMES, OUTCOMES
 
@@ -72,6 +73,8 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         # violations a known-findings file declared (reported, not failures): `bench.known`
         "known_violations": [k.to_dict() for k in result.known_violations],
         "known_file": result.known_file,
+        # rules that never fired: not reached (the target stopped first) or never matched (a violation)
+        "vacuity": vars(reach(plan, result.fault_events, result.records)),
         "throughput": {
             "trajectories_per_s": round(n / duration, 3),
             "samples_per_s": round(int((~trajectories["outcome"].eq("lost")).sum()) / duration, 3),
@@ -118,6 +121,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["hang"]:
         lines.append(("hang", f"no progress for {summary['hang']['idle_s']} s; "
                               f"{summary['hang']['pending_tasks']} tasks pending"))
+    not_reached = (summary.get("vacuity") or {}).get("not_reached")
+    if not_reached:
+        lines.append(("not reached", f"{', '.join(not_reached)}: rules the target stopped before (no verdict on them)"))
     violations = summary["violations"]
     lines.append(("violations", str(len(violations)) if violations else "none"))
     for violation in violations[:10]:
