@@ -31,6 +31,10 @@ re-sending and finishes nothing):
   (batch_survival, the summary's orphaned_requests), not churn. The evidence also gives
   requests per finished sample and groups started (reached, plus replacement rounds: a
   group's first turn sent again to every member) against groups with a finished sample.
+  The log cannot tell a replacement group from a client's own retry of the same request, and
+  the check does not try: a client retrying every request into an outage that outlasts the
+  run (an SDK's `max_retries=1`, each trajectory within its per-trajectory allowance) doubles
+  the load on a dead fleet and finishes nothing, which is the same churn.
 """
 
 from __future__ import annotations
