@@ -24,14 +24,15 @@ def check_all(view: RunView, only: list[str] | None = None) -> list[Violation]:
 
 
 def per_trajectory(violations: list[Violation]) -> list[Violation]:
-    """One violation per invariant and trajectory (the first found, with how many times it was found):
-    a check that fires once per request must not bury eight trajectories under 476 lines. Run-level
-    violations (no trajectory) are merged only when they say the same thing."""
-    merged: dict[tuple[str, str], Violation] = {}
-    counts: dict[tuple[str, str], int] = {}
+    """One violation per invariant, trajectory and check (the first found, with how many times it was found):
+    a check that fires once per request must not bury eight trajectories under 476 lines. Two checks of one
+    invariant (a retry storm, retrying a terminal error) stay apart: their evidence has other keys.
+    Run-level violations (no trajectory) are merged only when they say the same thing."""
+    merged: dict[tuple[str, str, tuple[str, ...]], Violation] = {}
+    counts: dict[tuple[str, str, tuple[str, ...]], int] = {}
     for violation in violations:
         key = (violation.invariant, violation.trajectory if violation.trajectory is not None else
-               f"run:{violation.message}")
+               f"run:{violation.message}", tuple(sorted(violation.evidence)))
         merged.setdefault(key, violation)
         counts[key] = counts.get(key, 0) + violation.occurrences
     return [replace(first, occurrences=counts[key]) if counts[key] != first.occurrences else first

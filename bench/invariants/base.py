@@ -23,6 +23,9 @@ class Bounds:
     max_weight_lag: int = 1  # staleness: versions behind the newest one seen
     max_requests_per_trajectory: int = 8  # retry storm above this
     max_requests_after_terminal: int = 2  # terminal errors must fail fast
+    # batch churn: re-sends per turn of a finished sample, beyond one group's worth of the per-trajectory
+    # bound (retry_discipline); a correct framework retrying transient faults stays far below it
+    max_resends_per_finished_turn: float = 4.0
     run_budget_s: float | None = None  # liveness: the whole run
 
 

@@ -14,6 +14,27 @@ Two checks over the server's request log (joined with the fault log), per trajec
 
 An outage event whose answer another rule replaced (a 429 fired on the same attempt) is not a
 terminal answer: the logged status of that request tells which answer the client saw.
+
+And one check over the whole batch, for churn spread too thin for the per-trajectory ones (a
+scheduler replacing errored groups sends each trajectory only a few times, but the batch keeps
+re-sending and finishes nothing):
+
+- batch churn: re-sends (requests beyond the first for each (trajectory, turn, prompt length),
+  the same unit of work as above) stay within `bounds.max_resends_per_finished_turn` for each
+  turn of a finished sample, plus one group's worth of the per-trajectory bound (group size x
+  (`max_requests_per_trajectory` - 1): what one group may spend without tripping the storm check,
+  e.g. the group a fail-fast scheduler stops on). Finished means a completed or truncated record;
+  its turns are the distinct units its trajectory sent, so multi-turn samples count as the
+  requests their work needed. First attempts are free: a batch that sends everything once into
+  an outage and reports it failed is not churning. When the target raised, its `lost`
+  trajectories are left out: what a batch that stopped had in flight is the stop's
+  (batch_survival, the summary's orphaned_requests), not churn. The evidence also gives
+  requests per finished sample and groups started (reached, plus replacement rounds: a
+  group's first turn sent again to every member) against groups with a finished sample.
+  The log cannot tell a replacement group from a client's own retry of the same request, and
+  the check does not try: a client retrying every request into an outage that outlasts the
+  run (an SDK's `max_retries=1`, each trajectory within its per-trajectory allowance) doubles
+  the load on a dead fleet and finishes nothing, which is the same churn.
 """
 
 from __future__ import annotations
@@ -22,6 +43,7 @@ from collections import Counter, defaultdict
 
 from ..server.request_log import RequestRecord
 from .base import RunView, Violation, preceding
+from .churn import measure_churn
 
 NAME = "retry_discipline"
 TERMINAL = {"router_no_workers", "outage"}  # faults answering the router's no-available-workers 503
@@ -71,4 +93,23 @@ def check(view: RunView) -> list[Violation]:
                  "first_terminal": {"turn": first.turn, "attempt": first.attempt},
                  "statuses_after": _statuses(after), "outcome": outcomes.get(trajectory)},
                 preceding(view, trajectory)))
-    return out
+    return out + _batch_churn(view)
+
+
+def _batch_churn(view: RunView) -> list[Violation]:
+    churn = measure_churn(view)
+    group_budget = churn.largest_group * (view.bounds.max_requests_per_trajectory - 1)
+    per_turn = view.bounds.max_resends_per_finished_turn
+    allowed = per_turn * churn.finished_turns + group_budget
+    if churn.resends <= allowed:
+        return []
+    return [Violation(
+        NAME, None,
+        f"batch retry storm: {churn.resends} re-sends ({churn.failed_resends} failed) for {churn.finished_turns} "
+        f"turns of {churn.finished} finished samples (bound {per_turn:g} per finished turn + {group_budget} for one "
+        f"group = {allowed:g}); {churn.requests} requests over {churn.trajectories} trajectories; "
+        f"{churn.groups_started} group rounds started for {churn.groups_reached} groups, "
+        f"{churn.groups_finished} finished",
+        {**churn.as_evidence(), "bound_per_finished_turn": per_turn, "group_budget": group_budget,
+         "allowed_resends": allowed},
+        None)]

@@ -11,6 +11,7 @@ import pandas as pd
 
 from .. import __version__
 from ..invariants.root_cause import root_cause
+from ..invariants.vacuity import reach
 from ..runner import RunResult
 from ..targets import DROPPED_OUTCOMES, OUTCOMES
 
@@ -81,6 +82,8 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         # violations a known-findings file declared (reported, not failures): `bench.known`
         "known_violations": [k.to_dict() for k in result.known_violations],
         "known_file": result.known_file,
+        # rules that never fired: not reached (the target stopped first) or never matched (a violation)
+        "vacuity": vars(reach(plan, result.fault_events, result.records)),
         "throughput": {
             "trajectories_per_s": round(n / duration, 3),
             "samples_per_s": round(int((~trajectories["outcome"].eq("lost")).sum()) / duration, 3),
@@ -135,6 +138,9 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
         what = f"ended at its {hang['deadline_s']:g} s deadline" if kind == "deadline" else \
             f"no progress for {hang['idle_s']} s{during}"
         lines.append((kind, f"{what}; {hang['pending_tasks']} tasks pending"))
+    not_reached = (summary.get("vacuity") or {}).get("not_reached")
+    if not_reached:
+        lines.append(("not reached", f"{', '.join(not_reached)}: rules the target stopped before (no verdict on them)"))
     violations = summary["violations"]
     lines.append(("violations", _violation_counts(violations) if violations else "none"))
     for violation in violations[:10]:
