@@ -81,6 +81,7 @@ def test_a_fail_fast_target_refusing_an_injected_fault_passes(tmp_path: Path) ->
     write_report(result, tmp_path)
     error = json.loads((tmp_path / "summary.json").read_text())["batch_error"]
     assert error["fault_reached"]["fault"] == "abort" and "after the injected fault abort" in error["explanation"]
+    assert [(r["trajectory"], r["fault"]) for r in error["fail_closed_on"]] == [("g00004-1", "abort")]
 
 
 def test_a_retried_sample_is_judged_on_the_attempt_it_kept() -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from faults import alters_reply
+from faults import FaultEvent, alters_reply
+
+from ..targets.record import SampleRecord
 
 from .base import RunView, Violation
 from .root_cause import RootCause, root_cause
@@ -22,14 +24,16 @@ NAME = "batch_survival"
 _HIDDEN = ("CancelledError", "TimeoutError")
 
 
-def fail_closed_on(view: RunView, cause: RootCause) -> list[str]:
-    """For a fail-fast crash: the trajectories that reached an injected fault and explain the stop (the one
-    that raised, else the ones the target reported failed)."""
+def fail_closed_on(records: list[SampleRecord], fault_events: list[FaultEvent], cause: RootCause) -> list[FaultEvent]:
+    """For a fail-fast crash: the injected faults that explain the stop, the last one on each trajectory that
+    reached it (the trajectory that raised, else the ones the target reported failed)."""
     if cause.trajectory is not None:
-        return [cause.trajectory] if cause.fault is not None else []
-    faulted = {e.trajectory for e in view.fault_events if alters_reply(e.fault)
-               and e.reach not in ("not consumed", "not delivered")}
-    return [r.trajectory for r in view.records if r.outcome == "failed" and r.trajectory in faulted]
+        return [cause.fault] if cause.fault is not None else []
+    last: dict[str, FaultEvent] = {}
+    for event in fault_events:
+        if alters_reply(event.fault) and event.reach not in ("not consumed", "not delivered"):
+            last[event.trajectory] = event
+    return [last[r.trajectory] for r in records if r.outcome == "failed" and r.trajectory in last]
 
 
 def check(view: RunView) -> list[Violation]:
@@ -48,7 +52,7 @@ def check(view: RunView) -> list[Violation]:
     elif view.fail_fast and cause.on_valid_reply:
         out.append(Violation(NAME, cause.trajectory, f"a fail-fast batch crashed on a valid reply: {cause.explain()}",
                              evidence, fault))
-    elif view.fail_fast and not fail_closed_on(view, cause):
+    elif view.fail_fast and not fail_closed_on(view.records, view.fault_events, cause):
         out.append(Violation(NAME, cause.trajectory,
                              f"a fail-fast batch crashed without a root cause the bench can check: {cause.explain()}; "
                              f"no trajectory it reported failed received an injected fault "

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from .. import __version__
+from ..invariants.batch_survival import fail_closed_on
 from ..invariants.root_cause import root_cause
 from ..invariants.vacuity import reach
 from ..runner import RunResult
@@ -38,6 +39,19 @@ def orphaned_requests(trajectories: pd.DataFrame, requests: pd.DataFrame, return
         return 0
     lost = set(trajectories.loc[trajectories["outcome"] == "lost", "trajectory"])
     return int((requests["trajectory"].isin(lost) & (requests["started"] <= returned_at)).sum())
+
+
+def _batch_error(result: RunResult) -> dict[str, Any]:
+    """The root cause; for a crash no invariant objects to (a fail-fast target), the faults it refused."""
+    assert result.batch_error is not None
+    cause = root_cause(result.batch_error, result.fault_events)
+    out = cause.to_dict()
+    if not any(v.invariant == "batch_survival" for v in result.violations + [k.violation for k in
+                                                                              result.known_violations]):
+        out["fail_closed_on"] = [{"trajectory": e.trajectory, "fault": e.fault, "rule": e.rule, "turn": e.turn,
+                                  "attempt": e.attempt}
+                                 for e in fail_closed_on(result.records, result.fault_events, cause)]
+    return out
 
 
 def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, Any]:
@@ -71,8 +85,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "drop_rate": round(float(dropped.mean()), 6) if n else 0.0,
         "drop_rate_by_fault": by_fault,
         # what raised, whose code raised it, whether an injected fault reached it, the full traceback
-        "batch_error": None if result.batch_error is None else root_cause(result.batch_error,
-                                                                          result.fault_events).to_dict(),
+        "batch_error": None if result.batch_error is None else _batch_error(result),
         "hang": None if result.hang is None else {"idle_s": result.hang.idle_s, "kind": result.hang.kind,
                                                   "requests_in_window": result.hang.requests_in_window,
                                                   "deadline_s": result.hang.deadline_s,
@@ -131,6 +144,9 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     error = summary["batch_error"]
     if error:
         lines.append(("batch error", error.get("explanation") or f"{error['type']}: {error['message']}"))
+        for refused in (error.get("fail_closed_on") or [])[:5]:
+            lines.append(("  failed closed", f"on the injected fault {refused['fault']} (rule {refused['rule']}) "
+                                             f"reaching {refused['trajectory']} turn {refused['turn']}: correct"))
     if summary["hang"]:
         hang = summary["hang"]
         kind = hang.get("kind", "hang")
