@@ -95,7 +95,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .runner import DEFAULT_PLAN, RunConfig, run
 
     bounds = Bounds(max_weight_lag=args.max_weight_lag, max_requests_per_trajectory=args.max_requests,
-                    run_budget_s=args.budget)
+                    run_budget_s=args.budget, max_drift_share=args.max_drift_share)
     # a repro replays one trajectory's events: recorded latencies add wall time and no overlap to it
     time_scale = args.time_scale if args.time_scale is not None else (0.0 if args.repro else 0.05)
     options: dict[str, Any] = dict(concurrency=args.concurrency, time_scale=time_scale, watchdog_s=args.watchdog,
@@ -340,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-weight-lag", type=int, default=1, help="staleness bound in versions (default 1)")
     run.add_argument("--max-requests", type=int, default=8, help="requests per trajectory before a storm (8)")
     run.add_argument("--budget", type=float, help="liveness budget for the whole run, seconds")
+    run.add_argument("--max-drift-share", type=float, default=0.05,
+                     help="replay fidelity: share of requests off the recording above which the run is unfaithful "
+                          "(default 0.05)")
     run.add_argument("--out", help="report folder (default reports/run-<time>)")
     run.add_argument("--junit", help="also write the JUnit XML here")
     run.add_argument("--repro", help="rerun a failing run's repro.toml (only the trajectories involved)")

@@ -24,6 +24,9 @@ class Bounds:
     max_requests_per_trajectory: int = 8  # retry storm above this
     max_requests_after_terminal: int = 2  # terminal errors must fail fast
     run_budget_s: float | None = None  # liveness: the whole run
+    # replay fidelity: above this share of requests off the recording (drift no fault explains, unknown
+    # prompts) the run is `unfaithful`
+    max_drift_share: float = 0.05
 
 
 @dataclass(frozen=True)

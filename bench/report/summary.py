@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from .. import __version__
+from ..invariants.replay_fidelity import describe as describe_fidelity, measure as measure_fidelity
 from ..runner import RunResult
 from ..targets import DROPPED_OUTCOMES, OUTCOMES
 
@@ -50,6 +51,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
     turns = requests.dropna(subset=["trajectory"]).drop_duplicates(["trajectory", "turn"])
     duration = max(result.duration_s, 1e-9)
     plan = result.config.plan
+    fidelity = measure_fidelity(result.requests, result.fault_events)
     return {
         "seed": plan.seed if plan else None,
         "plan": plan.name if plan else None,
@@ -67,6 +69,8 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
             "type": result.batch_error.type, "message": result.batch_error.message},
         "hang": None if result.hang is None else {"idle_s": result.hang.idle_s,
                                                   "pending_tasks": len(result.hang.stacks)},
+        # how the requests matched the recording: `unfaithful` above the bound (the replay_fidelity invariant)
+        "fidelity": fidelity.to_dict(result.config.bounds.max_drift_share),
         "violations": [v.to_dict() for v in result.violations],
         "violated_invariants": sorted({v.invariant for v in result.violations}),
         # violations a known-findings file declared (reported, not failures): `bench.known`
@@ -118,6 +122,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["hang"]:
         lines.append(("hang", f"no progress for {summary['hang']['idle_s']} s; "
                               f"{summary['hang']['pending_tasks']} tasks pending"))
+    fidelity = summary.get("fidelity")
+    if fidelity:
+        verdict = "UNFAITHFUL, the findings are not about the recording" if fidelity["unfaithful"] else "faithful"
+        lines.append(("replay fidelity", f"{verdict}: {describe_fidelity(fidelity)}"))
     violations = summary["violations"]
     lines.append(("violations", str(len(violations)) if violations else "none"))
     for violation in violations[:10]:
