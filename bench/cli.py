@@ -67,7 +67,7 @@ def build_plan(plan_spec: str | None, fault_specs: list[str] | None, seed: int |
     extra = plan_from_specs(fault_specs or [], seed if seed is not None else (plan.seed if plan else 0))
     if plan is None:
         return extra if fault_specs else None
-    combined = Plan(plan.name, plan.seed, plan.rules + extra.rules, plan.description, plan.source)
+    combined = Plan(plan.name, plan.seed, plan.rules + extra.rules, plan.description, plan.source, plan.window_from)
     return combined.with_seed(seed) if seed is not None else combined
 
 

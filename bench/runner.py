@@ -239,7 +239,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         before = asyncio.all_tasks()
         task = asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
         started_in_time = await _started(task, target, config.startup_s)
-        server.context.faults.start_clock()  # fault windows count from the target's start, not its imports
+        server.context.faults.start_clock()  # `server_start` windows count from here (the rest: the first request)
         hung = not started_in_time or await _watch(task, lambda: (len(records), len(server.log)), config.watchdog_s)
         idle_s = config.watchdog_s if started_in_time else config.startup_s
         returned_at = None if hung else time.time()
