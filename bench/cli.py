@@ -67,7 +67,7 @@ def build_plan(plan_spec: str | None, fault_specs: list[str] | None, seed: int |
     extra = plan_from_specs(fault_specs or [], seed if seed is not None else (plan.seed if plan else 0))
     if plan is None:
         return extra if fault_specs else None
-    combined = Plan(plan.name, plan.seed, plan.rules + extra.rules, plan.description, plan.source)
+    combined = Plan(plan.name, plan.seed, plan.rules + extra.rules, plan.description, plan.source, plan.window_from)
     return combined.with_seed(seed) if seed is not None else combined
 
 
@@ -104,7 +104,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         given["invariants"] = args.invariants.split(",")
     bounds = {key: value for key, value in (("max_weight_lag", args.max_weight_lag),
                                             ("max_requests_per_trajectory", args.max_requests),
-                                            ("run_budget_s", args.budget)) if value is not None}
+                                            ("run_budget_s", args.budget),
+                                            ("max_drift_share", args.max_drift_share)) if value is not None}
     options: dict[str, Any] = dict(given)
     if args.python:
         options["python"] = args.python
@@ -402,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-weight-lag", type=int, help="staleness bound in versions (default 1)")
     run.add_argument("--max-requests", type=int, help="requests per trajectory before a storm (8)")
     run.add_argument("--budget", type=float, help="liveness budget for the whole run, seconds")
+    run.add_argument("--max-drift-share", type=float,
+                     help="replay fidelity: share of requests off the recording above which the run is unfaithful "
+                          "(default 0.05)")
     run.add_argument("--out", help="report folder (default reports/run-<time>)")
     run.add_argument("--junit", help="also write the JUnit XML here")
     run.add_argument("--repro", help="rerun a repro file (repro*.toml, or run.toml: the whole run) with every input "

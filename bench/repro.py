@@ -143,7 +143,8 @@ def candidate_config(result: RunResult, candidate: Candidate) -> RunConfig:
     rules = {r.name: r for r in (plan.rules if plan else ())}
     exact = _exact_rules(candidate.events, rules)
     repro_plan = Plan(f"repro of {plan.name if plan else 'none'}", plan.seed if plan else 0,
-                      tuple(exact + _kept_rules(plan)), "repro", plan.source if plan else None)
+                      tuple(exact + _kept_rules(plan)), "repro", plan.source if plan else None,
+                      **({"window_from": plan.window_from} if plan else {}))
     return replace(result.config, plan=repro_plan, trajectories=list(candidate.trajectories), n=None)
 
 
@@ -353,6 +354,7 @@ def write_config(config: RunConfig, path: Path, *, result: RunResult | None = No
         lines.append(f"# the worker ran under {result.worker['python']}")
     lines += [f"seed = {plan.seed if plan else 0}",
               f"plan = {toml_value(plan.name if plan else 'none')}",
+              f"window_from = {toml_value(plan.window_from if plan else 'first_request')}",
               f"concurrency = {config.concurrency}",
               f"time_scale = {toml_value(config.time_scale)}",
               f"watchdog_s = {toml_value(config.watchdog_s)}",
@@ -406,7 +408,8 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
                      for index, e in enumerate(data.get("events", []))]
         name = str(data["plan"])
         plan = Plan(name if name.startswith("repro of ") else f"repro of {name}", int(data["seed"]), tuple(rules),
-                    f"repro: {data.get('invariant', 'run')}", str(path))
+                    f"repro: {data.get('invariant', 'run')}", str(path),
+                    **({"window_from": data["window_from"]} if "window_from" in data else {}))
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
                                     "target_options": dict(data.get("target_options", {})), "known": data.get("known")}
         for key in ("python", "concurrency", "time_scale", "watchdog_s", "deadline_s", "invariants", "n"):

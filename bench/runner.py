@@ -246,7 +246,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         deadline = clock + config.deadline_s
         startup_limit = min(config.startup_s, max(0.0, deadline - time.monotonic()))
         started_in_time = await _started(task, target, startup_limit)
-        server.context.faults.start_clock()  # fault windows count from the target's start, not its imports
+        server.context.faults.start_clock()  # `server_start` windows count from here (the rest: the first request)
         served = ServedTurns(server.log, store)
 
         def progress() -> tuple[int, int]:

@@ -94,7 +94,7 @@ def at_rate(plan: Plan, rate: Fraction) -> Plan:
                       Rule(rule.name, rule.fault, dataclasses.replace(rule.schedule, p=rule.schedule.p * factor))
                       for rule in plan.rules)
     description = f"{plan.description} [sweep: probability rules rescaled to rate {rate}]".strip()
-    return Plan(plan.name, plan.seed, rules, description, plan.source)
+    return Plan(plan.name, plan.seed, rules, description, plan.source, plan.window_from)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,13 @@
 """The fault engine: which rules fire for a request, applied to its exchange, logged.
 
-The plan can be swapped at any time (one attribute assignment on the event loop: atomic);
+The plan can be swapped at any time (on the event loop, between two decisions: atomic);
 a request can also force faults with the `X-Bench-Fault` header, for debugging.
+
+`window` schedules count seconds from the first request the plan decides about (the target's
+first request in a run; with `serve`, the first one after the plan was loaded or swapped in), so
+a framework that imports torch or starts Ray inside its rollout does not eat an outage window
+before it sends anything. A plan saying `window_from = "server_start"` counts from the server's
+start instead, which `run` moves to the moment the target's worker is loaded (`start_clock`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from dataclasses import dataclass
 from .base import Fault, FaultError
 from .exchange import Exchange
 from .log import FaultEvent, FaultLog
-from .plan import Plan, PlanError, Rule, parse_spec, make_rule
+from .plan import SERVER_START, Plan, PlanError, Rule, parse_spec, make_rule
 from .schedule import SCHEDULE_KEYS, Target, uniform
 
 FAULT_HEADER = "X-Bench-Fault"
@@ -47,23 +53,33 @@ class FaultEngine:
     def __init__(self, plan: Plan | None = None) -> None:
         self.plan = plan or EMPTY_PLAN
         self.log = FaultLog()
-        self.started = time.monotonic()
+        self.server_started = time.monotonic()  # what `window_from = "server_start"` plans count from
+        self.first_request: float | None = None  # the current plan's first decision: what the others count from
         self._watched: dict[str, list[tuple[FaultEvent, Fault]]] = {}  # trajectory -> events to look out for
         self.consumed: set[tuple[str, str, str, int, int]] = set()  # identities of events the client acted on
 
     def start_clock(self) -> None:
-        """Time windows count from now: the runner calls this once the target is loaded, so a framework's
-        slow imports (seconds for torch, verifiers) do not eat an outage window before its first request."""
-        self.started = time.monotonic()
+        """`server_start` windows count from now: the runner calls this once the target is loaded, so a
+        framework's slow imports (seconds for torch, verifiers) do not eat an outage window."""
+        self.server_started = time.monotonic()
 
     def swap(self, plan: Plan) -> Plan:
-        """Replace the plan; returns the old one. Decisions already taken keep their rules."""
+        """Replace the plan; returns the old one. Decisions already taken keep their rules; the new plan's
+        windows count from its own first request (or from the server's start, if it says so)."""
         old, self.plan = self.plan, plan
+        self.first_request = None
         return old
+
+    def elapsed(self, plan: Plan) -> float:
+        """Seconds into the plan's windows; the first request of a `first_request` plan is at 0."""
+        now = time.monotonic()
+        if self.first_request is None:
+            self.first_request = now
+        return now - (self.server_started if plan.window_from == SERVER_START else self.first_request)
 
     def decide(self, target: Target, forced: tuple[Rule, ...] = ()) -> Decision:
         plan = self.plan  # one read: a concurrent swap never mixes two plans in one decision
-        elapsed = time.monotonic() - self.started
+        elapsed = self.elapsed(plan)
         fired = [r for r in plan.rules if r.fault.server_side and not r.fault.on_weight_update
                  and r.schedule.fires(plan.seed, r.name, target, elapsed)]  # weight-update rules act elsewhere
         return Decision(tuple(forced) + tuple(fired), target)

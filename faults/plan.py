@@ -9,10 +9,15 @@ schedule keys (`p`, `every`, `first`, `trajectories`, `groups`, `turns`, `attemp
     fault = "http_error"
     status = 503
     p = "1/100"
+
+A `window = [start, end]` counts seconds from the target's first request by default; a plan file
+may say `window_from = "server_start"` to count from the server's start instead (`run`: from the
+moment the target's worker is loaded, its imports done).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tomllib
@@ -25,6 +30,12 @@ from .base import Fault, FaultError, fault_class
 from .schedule import SCHEDULE_KEYS, Schedule, ScheduleError, parse_schedule
 
 PLANS_DIR = Path(__file__).with_name("plans")
+# Where `window` schedules count from (plan key `window_from`): the first request the plan decides
+# about (the target's first request: a framework that starts Ray or loads a model inside its rollout
+# does not eat an outage window), or the server's start (`run`: once the target's worker is loaded).
+FIRST_REQUEST, SERVER_START = "first_request", "server_start"
+WINDOW_FROM = (FIRST_REQUEST, SERVER_START)
+PLAN_KEYS = ("name", "seed", "description", "window_from", "rules")
 
 
 @dataclass(frozen=True)
@@ -45,14 +56,15 @@ class Plan:
     rules: tuple[Rule, ...]
     description: str = ""
     source: str | None = None
+    window_from: str = FIRST_REQUEST  # what `window` schedules count from: FIRST_REQUEST or SERVER_START
 
     def scaled(self, factor: float) -> "Plan":
         """Every probability rule's `p` multiplied by `factor` (fault-rate sweeps)."""
         rules = tuple(Rule(r.name, r.fault, r.schedule.scaled(factor)) for r in self.rules)
-        return Plan(self.name, self.seed, rules, self.description, self.source)
+        return dataclasses.replace(self, rules=rules)
 
     def with_seed(self, seed: int) -> "Plan":
-        return Plan(self.name, seed, self.rules, self.description, self.source)
+        return dataclasses.replace(self, seed=seed)
 
 
 class PlanError(ValueError):
@@ -128,14 +140,17 @@ def parse_plan(text: str, path: str, *, default_name: str = "plan") -> Plan:
     except tomllib.TOMLDecodeError as error:
         line = re.search(r"line (\d+)", str(error))
         raise PlanError(f"{path}:{line.group(1) if line else 1}: not valid TOML ({error})") from None
-    unknown = set(data) - {"name", "seed", "description", "rules"}
+    unknown = set(data) - set(PLAN_KEYS)
     if unknown:
         key = sorted(unknown)[0]
-        raise PlanError(f"{path}:{_key_line(text, 1, key)}: unknown plan key {key!r}; "
-                        "valid: name, seed, description, rules")
+        raise PlanError(f"{path}:{_key_line(text, 1, key)}: unknown plan key {key!r}; valid: {', '.join(PLAN_KEYS)}")
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise PlanError(f"{path}:{_key_line(text, 1, 'seed')}: seed must be an integer, got {seed!r}")
+    window_from = data.get("window_from", FIRST_REQUEST)
+    if window_from not in WINDOW_FROM:
+        raise PlanError(f"{path}:{_key_line(text, 1, 'window_from')}: window_from must be one of "
+                        f"{', '.join(repr(w) for w in WINDOW_FROM)}; got {window_from!r}")
     starts = _rule_lines(text)
     rules = []
     for index, values in enumerate(data.get("rules", [])):
@@ -151,7 +166,8 @@ def parse_plan(text: str, path: str, *, default_name: str = "plan") -> Plan:
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
         raise PlanError(f"{path}: rule name {duplicate!r} is used twice")
-    return Plan(str(data.get("name", default_name)), seed, tuple(rules), str(data.get("description", "")), path)
+    return Plan(str(data.get("name", default_name)), seed, tuple(rules), str(data.get("description", "")), path,
+                window_from)
 
 
 def _offending_key(message: str, values: dict[str, Any]) -> str:
@@ -208,6 +224,8 @@ def plan_to_toml(plan: Plan) -> str:
     if plan.description:
         lines.append(f"description = {toml_value(plan.description)}")
     lines.append(f"seed = {plan.seed}")
+    if plan.window_from != FIRST_REQUEST:
+        lines.append(f"window_from = {toml_value(plan.window_from)}")
     for rule in plan.rules:
         lines += ["", "[[rules]]"] + [f"{key} = {toml_value(value)}" for key, value in rule_table(rule).items()]
     return "\n".join(lines) + "\n"

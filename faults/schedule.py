@@ -45,7 +45,7 @@ class Schedule:
     groups: frozenset[str] | None = None
     turns: frozenset[int] | None = None
     attempts: frozenset[int] | None = None
-    window: tuple[float, float] | None = None  # seconds since the target started (`serve`: the server), [start, end)
+    window: tuple[float, float] | None = None  # [start, end) seconds since the plan's first request (FaultEngine)
     endpoints: frozenset[str] | None = None
 
     def fires(self, seed: int, rule: str, target: Target, elapsed: float) -> bool:

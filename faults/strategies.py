@@ -156,7 +156,7 @@ def sub_plans(plan: Plan, *, min_rules: int = 1, candidates: Sequence[str] | Non
         raise ValueError(f"plan {plan.name!r}: {len(pool)} candidate rules, fewer than min_rules={min_rules}")
     flags = st.lists(st.booleans(), min_size=len(pool), max_size=len(pool)).filter(lambda f: sum(f) >= min_rules)
     return flags.map(lambda keep: Plan(plan.name, plan.seed, tuple(r for r, k in zip(pool, keep) if k),
-                                       plan.description, plan.source))
+                                       plan.description, plan.source, plan.window_from))
 
 
 __all__ = ["ENDPOINTS", "fault_names", "fault_params", "faults", "parameter_strategies", "plans", "rule_values",

@@ -8,6 +8,7 @@ clients in random order.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -225,12 +226,12 @@ def test_endpoints() -> None:
 def test_time_window() -> None:
     assert [s for s in (0.0, 4.99, 5.0, 7.5, 9.99, 10.0, 30.0) if fires("outage:window=5-10", T(), s)] == [
         5.0, 7.5, 9.99]
-    engine = FaultEngine(plan_from_specs(["outage:window=5-10"], 0))
-    engine.started = time.monotonic() - 6  # the server has been up 6 s
+    engine = FaultEngine(dataclasses.replace(plan_from_specs(["outage:window=5-10"], 0), window_from="server_start"))
+    engine.server_started = time.monotonic() - 6  # the server has been up 6 s
     assert [r.fault.name for r in engine.decide(T()).rules] == ["outage"]
-    engine.started = time.monotonic() - 11
+    engine.server_started = time.monotonic() - 11
     assert engine.decide(T()).rules == ()
-    engine.started = time.monotonic()
+    engine.server_started = time.monotonic()
     assert engine.decide(T()).rules == ()
 
 

@@ -27,6 +27,9 @@ class Bounds:
     # bound (retry_discipline); a correct framework retrying transient faults stays far below it
     max_resends_per_finished_turn: float = 4.0
     run_budget_s: float | None = None  # liveness: the whole run
+    # replay fidelity: above this share of requests off the recording (drift no fault explains, unknown
+    # prompts) the run is `unfaithful`
+    max_drift_share: float = 0.05
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from .. import __version__
 from ..invariants.batch_survival import fail_closed_on
 from ..invariants.root_cause import root_cause
 from ..invariants.vacuity import reach
+from ..invariants.replay_fidelity import describe as describe_fidelity, measure as measure_fidelity
 from ..runner import RunResult
 from ..targets import DROPPED_OUTCOMES, OUTCOMES
 
@@ -71,6 +72,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
     turns = requests.dropna(subset=["trajectory"]).drop_duplicates(["trajectory", "turn"])
     duration = max(result.duration_s, 1e-9)
     plan = result.config.plan
+    fidelity = measure_fidelity(result.requests, result.fault_events)
     return {
         "seed": plan.seed if plan else None,
         "plan": plan.name if plan else None,
@@ -90,6 +92,8 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
                                                   "requests_in_window": result.hang.requests_in_window,
                                                   "deadline_s": result.hang.deadline_s,
                                                   "pending_tasks": len(result.hang.stacks)},
+        # how the requests matched the recording: `unfaithful` above the bound (the replay_fidelity invariant)
+        "fidelity": fidelity.to_dict(result.config.bounds.max_drift_share),
         "violations": [v.to_dict() for v in result.violations],
         "violated_invariants": sorted({v.invariant for v in result.violations}),
         # violations a known-findings file declared (reported, not failures): `bench.known`
@@ -157,6 +161,10 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     not_reached = (summary.get("vacuity") or {}).get("not_reached")
     if not_reached:
         lines.append(("not reached", f"{', '.join(not_reached)}: rules the target stopped before (no verdict on them)"))
+    fidelity = summary.get("fidelity")
+    if fidelity:
+        verdict = "UNFAITHFUL, the findings are not about the recording" if fidelity["unfaithful"] else "faithful"
+        lines.append(("replay fidelity", f"{verdict}: {describe_fidelity(fidelity)}"))
     violations = summary["violations"]
     lines.append(("violations", _violation_counts(violations) if violations else "none"))
     for violation in violations[:10]:

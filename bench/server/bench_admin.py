@@ -1,7 +1,8 @@
 """Bench controls under the reserved `/bench/` prefix: request log, fault plan, fault log.
 
 `PUT /bench/plan` swaps the fault plan atomically while the server runs, from a TOML text
-(`{"toml": "..."}`) or from `--fault` specs (`{"faults": ["missing_logprobs:p=1/400"], "seed": 7}`).
+(`{"toml": "..."}`) or from `--fault` specs (`{"faults": ["missing_logprobs:p=1/400"], "seed": 7}`);
+the new plan's time windows count from its own first request (unless it says `window_from = "server_start"`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .context import context_of
 
 
 def _describe(plan: Plan) -> dict[str, Any]:
-    return {"name": plan.name, "seed": plan.seed, "description": plan.description,
+    return {"name": plan.name, "seed": plan.seed, "description": plan.description, "window_from": plan.window_from,
             "rules": [rule.describe() for rule in plan.rules]}
 
 

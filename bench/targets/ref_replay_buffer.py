@@ -29,32 +29,29 @@ returns the training groups.
   sessions and the missing ones. Every dispatched trajectory still ends in exactly one outcome.
 
 Requests are not retried (a failed turn ends its agent loop). Tool calls are not executed:
-the loop answers each one with a fixed tool response, so turns after the first depart from the
-recorded context (the server counts that drift and keeps identifying the turn).
+the loop answers each one with the output the trace recorded for it (`RecordedTools`, as
+ref-tool-loop does), so every turn is the recorded request and the replay stays faithful.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from ..paths import shipped_trace
 from ..tokenizer import ByteBPETokenizer
 from .base import Emit, RolloutJob, TrajectorySpec
 from .client import generate, output_of
+from .ref_tool_loop import DEFAULT_TRACE, RecordedTools, parse_tool_calls, tool_message
 from .reference import ReferenceTarget
 from .record import ErrorInfo, SampleRecord
 
 log = logging.getLogger(__name__)
 
-# Turns per agent loop (`job.options["max_turns"]` overrides). Past the second turn the bench can no longer
-# tell turns apart (the fixed tool responses leave the recorded context after turn 0), so 2 is the default.
-MAX_TURNS = 2
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+MAX_TURNS = 2  # turns per agent loop (`job.options["max_turns"]` overrides)
 _OUTCOME = {"stop": "completed", "length": "truncated"}
 
 RUNNING, SUCCESS, FAILURE, FINISHED = "running", "success", "failure", "finished"
@@ -153,10 +150,13 @@ class RefReplayBuffer(ReferenceTarget):
         for uid, members in groups.items():
             buffer.open_group(uid, [spec.id for spec in members])
         tokenizer = ByteBPETokenizer.from_folder(job.tokenizer_path)
+        tools = await asyncio.to_thread(RecordedTools.load, job.options.get("trace") or shipped_trace(DEFAULT_TRACE),
+                                        job.trajectories)
         limit = asyncio.Semaphore(job.concurrency)
         max_turns = int(job.options.get("max_turns", MAX_TURNS))
         async with aiohttp.ClientSession() as http:
-            loops = [asyncio.create_task(self._agent_loop(http, limit, job, spec, tokenizer, max_turns, buffer))
+            loops = [asyncio.create_task(self._agent_loop(http, limit, job, spec, tokenizer, tools, max_turns,
+                                                         buffer))
                      for spec in job.trajectories]
             batch = await buffer.sample()
             await asyncio.gather(*loops)
@@ -169,11 +169,11 @@ class RefReplayBuffer(ReferenceTarget):
                 emit(_refused(spec, refusal))
 
     async def _agent_loop(self, http: aiohttp.ClientSession, limit: asyncio.Semaphore, job: RolloutJob,
-                          spec: TrajectorySpec, tokenizer: ByteBPETokenizer, max_turns: int,
-                          buffer: ReplayBuffer) -> None:
+                          spec: TrajectorySpec, tokenizer: ByteBPETokenizer, tools: RecordedTools,
+                          max_turns: int, buffer: ReplayBuffer) -> None:
         """One session: a few turns; its sample goes to the buffer, or its failure to the root marker."""
         try:
-            sample = await self._turns(http, limit, job, spec, tokenizer, max_turns)
+            sample = await self._turns(http, limit, job, spec, tokenizer, tools, max_turns)
         except Exception as error:  # the agent-loop worker catches it and marks the root
             log.warning("agent loop %s failed: %s: %s", spec.id, type(error).__name__, error)
             await buffer.close_session(spec.group, spec.id, error)
@@ -182,7 +182,8 @@ class RefReplayBuffer(ReferenceTarget):
         await buffer.close_session(spec.group, spec.id)
 
     async def _turns(self, http: aiohttp.ClientSession, limit: asyncio.Semaphore, job: RolloutJob,
-                     spec: TrajectorySpec, tokenizer: ByteBPETokenizer, max_turns: int) -> SampleRecord:
+                     spec: TrajectorySpec, tokenizer: ByteBPETokenizer, tools: RecordedTools,
+                     max_turns: int) -> SampleRecord:
         context = list(spec.prompt_ids)
         response: list[int] = []
         logprobs: list[float] | None = []
@@ -207,10 +208,10 @@ class RefReplayBuffer(ReferenceTarget):
             logprobs = None if logprobs is None or lps is None else logprobs + lps
             context += ids
             versions.append(str(body["meta_info"].get("weight_version")))
-            call = _TOOL_CALL.search(text)
-            if finish != "stop" or call is None or turn + 1 >= turns:
+            calls = parse_tool_calls(text)
+            if finish != "stop" or not calls or turn + 1 >= turns:
                 break
-            observation = tokenizer.encode(_tool_response(call.group(1)))
+            observation = tokenizer.encode(tool_message([tools.run(spec.id, turn, call) for call in calls]))
             response += observation
             mask += [0] * len(observation)
             logprobs = None if logprobs is None else logprobs + [0.0] * len(observation)
@@ -219,16 +220,6 @@ class RefReplayBuffer(ReferenceTarget):
             trajectory=spec.id, group=spec.group, outcome=_OUTCOME[finish], status=SUCCESS,
             prompt_length=len(spec.prompt_ids), response_ids=response, logprobs=logprobs, loss_mask=mask,
             response_length=len(response), reward=1.0 if finish == "stop" else 0.0, weight_versions=versions)
-
-
-def _tool_response(call: str) -> str:
-    """What the loop appends after a tool call: a fixed answer (tools are not executed here)."""
-    try:
-        name = json.loads(call).get("name", "tool")
-    except (ValueError, AttributeError):
-        name = "tool"
-    return (f"\n<|im_start|>user\n<tool_response>\n{name}: done (not executed by the reference loop)\n"
-            f"</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
 def _refused(spec: TrajectorySpec, refusal: IncompleteGroup) -> SampleRecord:
