@@ -95,6 +95,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .report import add_to_summary
     from .repro import Budget, load_repro, write_config, write_repros
     from .runner import DEFAULT_PLAN, RunConfig, run
+    from .targets import DEFAULT_TARGET
 
     # a repro file records every input of its run: only what is given on this command line overrides it
     given = {key: value for key, value in (("concurrency", args.concurrency), ("time_scale", args.time_scale),
@@ -117,14 +118,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options["known"] = args.known
     target_options = _target_options(args)
     if args.repro:
+        if args.plan or args.fault or args.n is not None or args.trace != DEFAULT_TRACE:
+            raise ValueError("--repro replays the trajectories, trace and rules its file recorded: --plan, --fault, "
+                             "--n and --trace do not apply (edit the file, or rerun its run.toml)")
+        if args.target:
+            options["target"] = args.target  # the same failure against another variant: your fix
         config = load_repro(args.repro, **options).config
+        config.target_options = {**config.target_options, **target_options}
         if bounds:
             config.bounds = dataclasses.replace(config.bounds, **bounds)
+        if args.seed is not None and config.plan is not None:
+            config.plan = config.plan.with_seed(args.seed)
     else:
         plan = build_plan(args.plan if (args.plan or args.fault) else DEFAULT_PLAN, args.fault, args.seed)
         defaults = {"concurrency": 64, "time_scale": 0.05, "watchdog_s": 30.0}
-        config = RunConfig(trace=args.trace, plan=plan, target=args.target, n=args.n, target_options=target_options,
-                           bounds=Bounds(**bounds), **{**defaults, **options})
+        config = RunConfig(trace=args.trace, plan=plan, target=args.target or DEFAULT_TARGET, n=args.n,
+                           target_options=target_options, bounds=Bounds(**bounds), **{**defaults, **options})
     plan = config.plan
     out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
@@ -371,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plan", help="fault plan file or shipped name (default seed-000 unless --fault is given)")
     run.add_argument("--fault", action="append", metavar="SPEC", help="a fault rule (repeatable)")
     run.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
-    run.add_argument("--target", default=DEFAULT_TARGET, help=f"NAME[:variant] or module:attr (default {DEFAULT_TARGET})")
+    run.add_argument("--target", help=f"NAME[:variant] or module:attr (default {DEFAULT_TARGET}; with --repro: "
+                                      "the repro's, or this one, e.g. your fixed variant)")
     run.add_argument("--n", type=int, help="run only the first N trajectories")
     run.add_argument("--python", metavar="PATH", help="run the target in a worker under this interpreter (its own "
                      "virtual environment); default: the target's environment from `make targets`, else this one")

@@ -361,6 +361,8 @@ def write_config(config: RunConfig, path: Path, *, result: RunResult | None = No
               f"deadline_s = {toml_value(config.deadline_s)}"]
     if config.invariants is not None:
         lines.append(f"invariants = {toml_value(config.invariants)}")
+    else:
+        lines.append("# invariants: all of this bench version's")
     known = _known_spec(config, result)
     if known:  # the same findings stay known in the rerun
         lines.append(f"known = {toml_value(known)}")
@@ -406,8 +408,9 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
             rules = [make_rule({"fault": e["fault"], **e.get("params", {}), "trajectories": [e["trajectory"]],
                                 "turns": [e["turn"]], "attempts": [e["attempt"]]}, f"{e['rule']}@{index}")
                      for index, e in enumerate(data.get("events", []))]
-        name = str(data["plan"])
-        plan = Plan(name if name.startswith("repro of ") else f"repro of {name}", int(data["seed"]), tuple(rules),
+        name = str(data["plan"])  # run.toml (no invariant) is the run itself, under its own plan's name
+        repro_name = name if name.startswith("repro of ") or "invariant" not in data else f"repro of {name}"
+        plan = Plan(repro_name, int(data["seed"]), tuple(rules),
                     f"repro: {data.get('invariant', 'run')}", str(path),
                     **({"window_from": data["window_from"]} if "window_from" in data else {}))
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
@@ -417,9 +420,9 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
                 recorded[key] = data[key]
         if "bounds" in data:
             recorded["bounds"] = Bounds(**data["bounds"])
-        config = RunConfig(trace=data["trace"], plan=plan, target=data["target"],
-                           trajectories=list(data["trajectories"]) if "trajectories" in data else None,
-                           **{**recorded, **overrides})
+        recorded.update(trace=data["trace"], plan=plan, target=data["target"],
+                        trajectories=list(data["trajectories"]) if "trajectories" in data else None)
+        config = RunConfig(**{**recorded, **overrides})
         return Repro(config, data.get("invariant", ""))
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as error:
         raise PlanError(f"{path}: not a usable repro file ({type(error).__name__}: {error})") from None

@@ -6,6 +6,7 @@ writes one from the README (tests/verdict_targets.py)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -110,3 +111,25 @@ def test_a_tool_output_the_target_appended_is_consumed() -> None:
     result = run_blocking(RunConfig(plan=plan_from_specs(["oversized_tool_output:bytes=20000,p=1/4,turns=0"], 0),
                                     target="ref-tool-loop:fixed", n=40, isolation="inline"))
     assert result.fault_events and {e.reach for e in result.fault_events} == {"consumed"}
+
+
+def test_the_repro_reruns_against_the_fix_and_a_top_level_module_plugs_in(tmp_path: Path) -> None:
+    """The README's walk-through, step 4: the repro against the fixed target passes; `module:attr` works
+    without a package (tests/ is on the path)."""
+    out = tmp_path / "report"
+    first = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "verdict_targets:GatherKeyError",
+                            "--n", "100", "--time-scale", "0", "--out", str(out)],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+    assert first.returncode == 1 and (out / "repro.toml").is_file(), first.stderr
+    fixed = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(out / "repro.toml"),
+                            "--target", "verdict_targets:FixedGatherKeyError", "--seed", "7",
+                            "--out", str(tmp_path / "fixed")], capture_output=True, text=True, timeout=300,
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "target=verdict_targets:FixedGatherKeyError" in fixed.stderr and "seed=7" in fixed.stderr
+    summary = json.loads((tmp_path / "fixed" / "summary.json").read_text())
+    assert summary["trajectories"] == 1 and summary["violations"] == [] and summary["repros"] == []
+    refused = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(out / "repro.toml"),
+                              "--n", "5"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode == 2 and "--n and --trace do not apply" in refused.stderr

@@ -59,6 +59,16 @@ class GatherKeyError:
             emit(record)
 
 
+class FixedGatherKeyError(GatherKeyError):
+    """The same rollout with its reward step fixed (no reply lacks a score any more): the README's step 4."""
+
+    name = "verdict:gather-keyerror-fixed"
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        job.options["bad"] = None
+        await super().run(job, emit)
+
+
 class FailFastGatherKeyError(GatherKeyError):
     """The same bug, with the fail-fast policy declared: still a crash on a valid reply."""
 

@@ -99,6 +99,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         # violations a known-findings file declared (reported, not failures): `bench.known`
         "known_violations": [k.to_dict() for k in result.known_violations],
         "known_file": result.known_file,
+        "repros": [],  # the verified repros, added once they are (`bench.repro`, by the command line)
         # rules that never fired: not reached (the target stopped first) or never matched (a violation)
         "vacuity": vars(reach(plan, result.fault_events, result.records)),
         "throughput": {

@@ -31,16 +31,21 @@ class TargetError(ValueError):
     """A target name or path that resolves to nothing usable."""
 
 
+def _is_module(name: str) -> bool:
+    """A module path a plug-in can live at (`mymodule`, `my_pkg.targets`); a built-in's name has a dash."""
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
 def check_target_spec(spec: str) -> None:
     """Fail early on a name that can never resolve, without importing the target (it may live in another venv)."""
     name, _, variant = spec.partition(":")
-    if name in REGISTRY or ("." in name and variant):
+    if name in REGISTRY or (_is_module(name) and variant):
         return
     raise TargetError(f"unknown target {spec!r}; built in: {', '.join(REGISTRY)}; or give module:attr")
 
 
 def resolve_target(spec: str) -> TargetAdapter:
-    """`ref-gather:fixed`, `ref-gather` (unfixed), or `package.module:attr`."""
+    """`ref-gather:fixed`, `ref-gather` (unfixed), or `module:attr` (`mymodule:Target`, `pkg.module:attr`)."""
     name, _, variant = spec.partition(":")
     if name in REGISTRY:
         module_name, _, class_name = REGISTRY[name].partition(":")
@@ -52,7 +57,7 @@ def resolve_target(spec: str) -> TargetAdapter:
                               "environment with `make targets`, or pass --python)") from None
         except ValueError as error:
             raise TargetError(f"target {spec!r}: {error}") from None
-    if "." in name and variant:
+    if _is_module(name) and variant:
         try:
             module = importlib.import_module(name)
         except ImportError as error:
