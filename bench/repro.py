@@ -190,14 +190,17 @@ def ddmin(items: list[Any], fails: Callable[[list[Any]], bool]) -> list[Any]:
 
 
 class Reproducer:
-    """Reruns candidates for one signature, counting reruns and printing progress."""
+    """Reruns candidates for one signature, counting reruns, printing progress and keeping the smallest
+    candidate seen to fail the same way."""
 
     def __init__(self, result: RunResult, signature: Signature, budget: Budget,
                  say: Callable[[str], None]) -> None:
         self.result, self.signature, self.budget, self.say = result, signature, budget, say
         self.selection = [r.trajectory for r in result.records]
+        self.best: Candidate | None = None
 
     def reproduces(self, candidate: Candidate) -> bool:
+        """Rerun `candidate`; when it fails the same way it becomes the best so far."""
         if not self.budget.left():
             raise _OutOfBudget
         self.budget.used += 1
@@ -207,7 +210,14 @@ class Reproducer:
         self.say(f"  rerun {self.budget.used}: {len(candidate.trajectories)} trajectories, "
                  f"{_events_text(candidate)}: {'reproduced' if found else 'not reproduced'} "
                  f"({time.monotonic() - started:.1f} s)")
+        if found:
+            self.best = candidate
         return found
+
+    def _on(self, trajectories: list[str], events: list[FaultEvent] | None = None) -> bool:
+        """Rerun these trajectories with `events` (default: every fault event that hit them)."""
+        return self.reproduces(Candidate(trajectories, _events_for(self.result, trajectories)
+                                         if events is None else events))
 
     def find(self) -> Candidate | None:
         """The smallest candidate seen to fail the same way, or None."""
@@ -216,63 +226,42 @@ class Reproducer:
             if signature.culprits and signature.invariant not in WHOLE_RUN:
                 units = self._culprit_units()
                 for chosen in ([units[0]], units) if len(units) > 1 else ([units[0]],):  # one culprit, then all
-                    trajectories = _flatten(chosen)
-                    small = Candidate(trajectories, _events_for(self.result, trajectories))
-                    if self.reproduces(small):
-                        return self._fewer_events(small)
-            whole = Candidate(self.selection, None)
-            if not self.reproduces(whole):
+                    if self._on(_flatten(chosen)):
+                        return self._fewer_events()
+            if not self.reproduces(Candidate(self.selection, None)):  # the whole run, its own plan
                 return None
             if not self.budget.minimise or signature.invariant in WHOLE_RUN:
-                return whole
-            return self._fewer_events(self._fewer_trajectories(whole))
+                return self.best
+            self._fewer_trajectories()
+            return self._fewer_events()
         except _OutOfBudget:
-            return getattr(self, "_best", None)
+            return self.best
 
     def _culprit_units(self) -> list[list[str]]:
         """The culprits, each with its whole group for a group-level finding."""
         units = _units(self.result, self.signature, self.selection)
         return [unit for unit in units if set(unit) & set(self.signature.culprits)]
 
-    def _fewer_trajectories(self, whole: Candidate) -> Candidate:
-        self._best = whole
-
-        def fails(units: list[list[str]]) -> bool:
-            trajectories = _flatten(units)
-            candidate = Candidate(trajectories, _events_for(self.result, trajectories))
-            if self.reproduces(candidate):
-                self._best = candidate
-                return True
-            return False
-
+    def _fewer_trajectories(self) -> None:
+        assert self.best is not None
         try:
-            ddmin(_units(self.result, self.signature, whole.trajectories), fails)
+            ddmin(_units(self.result, self.signature, self.best.trajectories),
+                  lambda units: self._on(_flatten(units)))
         except _OutOfBudget:
             pass
-        return self._best
 
-    def _fewer_events(self, found: Candidate) -> Candidate:
-        self._best = found
-        if found.events is None:
-            found = Candidate(found.trajectories, _events_for(self.result, found.trajectories))
-        if not self.budget.minimise or not found.events:
-            return self._best
-        if self.reproduces(Candidate(found.trajectories, [])):  # fails on valid replies alone
-            self._best = Candidate(found.trajectories, [])
-            return self._best
-
-        def fails(events: list[FaultEvent]) -> bool:
-            candidate = Candidate(found.trajectories, events)
-            if self.reproduces(candidate):
-                self._best = candidate
-                return True
-            return False
-
+    def _fewer_events(self) -> Candidate | None:
+        assert self.best is not None
+        trajectories = self.best.trajectories
+        events = self.best.events if self.best.events is not None else _events_for(self.result, trajectories)
+        if not self.budget.minimise or not events:
+            return self.best
         try:
-            ddmin(list(found.events), fails)
+            if not self._on(trajectories, []):  # else it fails on valid replies alone
+                ddmin(list(events), lambda kept: self._on(trajectories, kept))
         except _OutOfBudget:
             pass
-        return self._best
+        return self.best
 
 
 def _events_text(candidate: Candidate) -> str:
