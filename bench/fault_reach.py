@@ -29,7 +29,7 @@ from .server.request_log import RequestRecord
 from .targets.record import ErrorInfo, SampleRecord
 
 CONSUMED, DELIVERED, NOT_CONSUMED, NOT_DELIVERED = "consumed", "delivered", "not consumed", "not delivered"
-REACHED = (CONSUMED, DELIVERED)
+NOT_REACHED = (NOT_CONSUMED, NOT_DELIVERED)  # could not have acted: no drop, no crash is put down to it
 _POISON = "raise_after_generate"  # acts through the target's post-processing (`bench.hooks`)
 _KEPT = ("completed", "truncated")
 

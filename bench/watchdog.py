@@ -35,7 +35,6 @@ class ServedTurns:
         self._seen = 0  # requests of the log looked at so far
         self._open: list[RequestRecord] = []  # identified requests not answered yet when looked at
         self.turns: set[tuple[str, int]] = set()
-        self.finished: set[str] = set()  # trajectories whose last recorded turn was answered
         self.generation_requests = 0  # generate / completion requests received, answered or not
 
     def update(self) -> tuple[int, int]:
@@ -63,8 +62,6 @@ class ServedTurns:
         if record.status != (recorded or 200) or (recorded is None and record.error is not None):
             return
         self.turns.add((trajectory.id, record.turn or 0))
-        if record.turn == len(trajectory.turns) - 1:
-            self.finished.add(trajectory.id)
 
 
 @dataclass(frozen=True)

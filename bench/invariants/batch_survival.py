@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from faults import FaultEvent, alters_reply
+from faults import FaultEvent
 
 from ..targets.record import SampleRecord
 
 from .base import RunView, Violation
-from .root_cause import RootCause, root_cause
+from .root_cause import RootCause, excuses, root_cause
 
 NAME = "batch_survival"
 _HIDDEN = ("CancelledError", "TimeoutError")
@@ -31,7 +31,7 @@ def fail_closed_on(records: list[SampleRecord], fault_events: list[FaultEvent], 
         return [cause.fault] if cause.fault is not None else []
     last: dict[str, FaultEvent] = {}
     for event in fault_events:
-        if alters_reply(event.fault) and event.reach not in ("not consumed", "not delivered"):
+        if excuses(event):
             last[event.trajectory] = event
     return [last[r.trajectory] for r in records if r.outcome == "failed" and r.trajectory in last]
 

@@ -13,10 +13,13 @@ from typing import Any
 
 from faults import FaultEvent, alters_reply
 
+from ..fault_reach import NOT_REACHED
 from ..targets.record import ErrorInfo
 
 
-_NOT_REACHED = ("not consumed", "not delivered")  # `bench.fault_reach`: it could not have caused anything
+def excuses(event: FaultEvent) -> bool:
+    """An injected fault that can explain a failure: it altered the reply and reached the code (`bench.fault_reach`)."""
+    return alters_reply(event.fault) and event.reach not in NOT_REACHED
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,5 @@ def root_cause(error: ErrorInfo, fault_events: list[FaultEvent]) -> RootCause:
     """Only a fault that altered the reply and reached the code excuses it: a delayed reply (latency) is still a
     valid one, and a tool call the target never ran changed nothing it saw."""
     trajectory = error.trajectory
-    reached = [e for e in fault_events if e.trajectory == trajectory and alters_reply(e.fault)
-               and e.reach not in _NOT_REACHED] if trajectory else []
+    reached = [e for e in fault_events if e.trajectory == trajectory and excuses(e)] if trajectory else []
     return RootCause(error, trajectory, reached[-1] if reached else None)

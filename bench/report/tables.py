@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..fault_reach import REACHED
+from ..fault_reach import NOT_REACHED
 from ..runner import RunResult
 from ..server.request_log import COLUMNS as REQUEST_COLUMNS
 from faults.log import COLUMNS as FAULT_COLUMNS
@@ -25,7 +25,7 @@ def frames(result: RunResult) -> dict[str, pd.DataFrame]:
     """`faults` in the trajectories table names only the faults that reached the code (`bench.fault_reach`):
     drop rates by fault type are computed from it; `faults_not_reached` names the others."""
     faults = pd.DataFrame([asdict(e) for e in result.fault_events], columns=FAULT_COLUMNS)
-    reached = faults["reach"].isin(REACHED) | faults["reach"].eq("")
+    reached = ~faults["reach"].isin(NOT_REACHED)
     hit, missed = _names_by_trajectory(faults[reached]), _names_by_trajectory(faults[~reached])
     rows = []
     for record in result.records:
