@@ -49,14 +49,20 @@ def trajectory_scope(trajectory: str) -> Iterator[None]:
         CURRENT_TRAJECTORY.reset(token)
 
 
+def _named_in(headers: Any) -> str | None:
+    """The trajectory an answer's headers name, if any (a client's odd header object names none)."""
+    try:
+        trajectory = headers.get(SERVED_TRAJECTORY_HEADER) if headers is not None else None
+    except Exception:  # noqa: BLE001 - must never break the target
+        return None
+    return str(trajectory) if trajectory else None
+
+
 def note_served(headers: Any) -> None:
     """An answer arrived in this task: its code now works for the trajectory the server served."""
-    try:
-        trajectory = headers.get(SERVED_TRAJECTORY_HEADER)
-    except Exception:  # noqa: BLE001 - a client's odd header object must never break the target
-        return
+    trajectory = _named_in(headers)
     if trajectory:
-        CURRENT_TRAJECTORY.set(str(trajectory))
+        CURRENT_TRAJECTORY.set(trajectory)
 
 
 def stamp(error: BaseException, trajectory: str | None) -> None:
@@ -87,13 +93,9 @@ def _served_in(error: BaseException) -> str | None:
     """The trajectory named by the answer an HTTP error carries (aiohttp's `headers`; httpx's and the
     OpenAI SDK's `response.headers`): the server's identification, for an error handed between tasks."""
     for holder in (error, getattr(error, "response", None)):
-        headers = getattr(holder, "headers", None)
-        try:
-            trajectory = headers.get(SERVED_TRAJECTORY_HEADER) if headers is not None else None
-        except Exception:  # noqa: BLE001 - not a mapping after all
-            trajectory = None
+        trajectory = _named_in(getattr(holder, "headers", None))
         if trajectory:
-            return str(trajectory)
+            return trajectory
     return None
 
 
