@@ -98,16 +98,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .targets import DEFAULT_TARGET
 
     # a repro file records every input of its run: only what is given on this command line overrides it
-    given = {key: value for key, value in (("concurrency", args.concurrency), ("time_scale", args.time_scale),
-                                           ("watchdog_s", args.watchdog),
-                                           ("deadline_s", args.deadline)) if value is not None}
+    options: dict[str, Any] = {key: value for key, value in (
+        ("concurrency", args.concurrency), ("time_scale", args.time_scale), ("watchdog_s", args.watchdog),
+        ("deadline_s", args.deadline)) if value is not None}
     if args.invariants:
-        given["invariants"] = args.invariants.split(",")
+        options["invariants"] = args.invariants.split(",")
     bounds = {key: value for key, value in (("max_weight_lag", args.max_weight_lag),
                                             ("max_requests_per_trajectory", args.max_requests),
                                             ("run_budget_s", args.budget),
                                             ("max_drift_share", args.max_drift_share)) if value is not None}
-    options: dict[str, Any] = dict(given)
     if args.python:
         options["python"] = args.python
     if args.in_process:
@@ -131,9 +130,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             config.plan = config.plan.with_seed(args.seed)
     else:
         plan = build_plan(args.plan if (args.plan or args.fault) else DEFAULT_PLAN, args.fault, args.seed)
-        defaults = {"concurrency": 64, "time_scale": 0.05, "watchdog_s": 30.0}
+        options.setdefault("time_scale", 0.05)  # the command line replays at 1/20 speed (RunConfig: as fast as possible)
         config = RunConfig(trace=args.trace, plan=plan, target=args.target or DEFAULT_TARGET, n=args.n,
-                           target_options=target_options, bounds=Bounds(**bounds), **{**defaults, **options})
+                           target_options=target_options, bounds=Bounds(**bounds), **options)
     plan = config.plan
     out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
