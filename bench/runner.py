@@ -22,15 +22,16 @@ from faults import FaultEvent, Plan
 
 from . import attribution
 from .fault_reach import with_reach
-from .invariants import Bounds, HangReport, RunView, Violation, check_all
+from .invariants import Bounds, HangReport, RunView, Violation, check_all, provenance
 from .known import KnownViolation, resolve_known, split
 from .isolation import IsolatedTarget, TargetCrashed, TargetStartError
 from .paths import DEFAULT_TRACE, resolve_trace
 from .progress import progress_bar
 from .replay.store import RecordedTrajectory
 from .server.request_log import RequestRecord
+from .server.served_tokens import ServedTokens
 from .targets import (DEFAULT_TARGET, ErrorInfo, RolloutJob, SampleRecord, TargetAdapter, TrajectorySpec,
-                      check_target_spec, resolve_target)
+                      check_target_spec, resolve_target, tokens_source_of)
 from .targets.envs import target_python
 from .tokenizer import tokenizer_path
 
@@ -89,6 +90,8 @@ class RunResult:
     known_violations: list[KnownViolation] = field(default_factory=list)  # matched a known finding: not failures
     known_file: str | None = None
     recorded_outcomes: dict[str, str | None] = field(default_factory=dict)  # the trace's outcome per trajectory
+    served: ServedTokens | None = None  # what each identified request was served, token by token
+    provenance: dict[str, str] = field(default_factory=dict)  # per trajectory: the provenance check's verdict
 
     @property
     def ok(self) -> bool:
@@ -289,16 +292,19 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         requests = list(server.log.records)
         events = with_reach(list(server.context.faults.log.events), requests, ordered, batch_error,
                             server.context.faults.consumed, server.context.tokenizer)
+        tokenizer = server.context.tokenizer
         view = RunView(ordered, requests, events, plan,
                        {s.id: s.group for s in specs}, store.header.context_length, target.fail_fast,
-                       batch_error, hang, duration, config.bounds, emitted)
+                       batch_error, hang, duration, config.bounds, emitted, server.context.served,
+                       tokens_source_of(target), lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         violations = check_all(view, config.invariants)
         return RunResult(config, target.name, str(store.path), store.header.context_length, ordered,
                          view.requests, view.fault_events, violations, batch_error, hang, started, duration,
                          isolated.leaked_tasks if isolated else len(orphans), config.isolation,
                          isolated.describe() if isolated else None, time.process_time() - cpu - side_cpu_s(),
                          isolated.returned_at if isolated else returned_at,
-                         recorded_outcomes={t.id: t.recorded_outcome for t in chosen})
+                         recorded_outcomes={t.id: t.recorded_outcome for t in chosen}, served=view.served,
+                         provenance={t: a.label for t, a in provenance.assess(view).items()})
 
 
 def _stall_cause(hang: HangReport) -> ErrorInfo:

@@ -18,6 +18,7 @@ from bench.runner import RunConfig, RunResult, run
 from bench.server.request_log import RequestRecord
 from bench.targets import SampleRecord, TargetError, resolve_target
 from bench.targets.ref_tool_loop import RecordedTools, parse_tool_calls, tool_message
+from bench.tokenizer import load_tokenizer
 from faults import Plan, plan_from_specs, resolve_plan
 
 CONTEXT = 8192  # agentic-500's context length
@@ -87,8 +88,17 @@ def test_seed_004_fires_every_fault_on_these_trajectories(unfixed: RunResult, fi
 def test_seed_004_unfixed_breaks_alignment_and_the_context(unfixed: RunResult) -> None:
     found = {(v.invariant, v.trajectory): v for v in unfixed.violations}
     assert set(found) == {("token_alignment", "g00000-1"), ("token_alignment", "g00027-1"),
-                          ("context_budget", "g00000-2"), ("context_budget", "g00023-1")}
+                          ("context_budget", "g00000-2"), ("context_budget", "g00023-1"),
+                          ("provenance", "g00000-1"), ("provenance", "g00027-1")}
     records = _by_id(unfixed)
+
+    # provenance names where the trained tokens came from: attempt 1's turn 0 kept in front of attempt 2's turns
+    kept = found[("provenance", "g00027-1")].evidence
+    assert kept["kind"] == "earlier attempt" and kept["composition"][0]["attempt"] == 1
+    assert not kept["composition"][0]["final_attempt"] and kept["composition"][0]["turn"] == 0
+    # and the retokenized reply lost the end-of-turn token the server sent
+    lost = found[("provenance", "g00000-1")].evidence
+    assert lost["kind"] == "missing" and lost["served_by"]["turn"] == 1 and lost["got"] != lost["expected"]
 
     stale = found[("token_alignment", "g00027-1")]  # (1) the resubmitted sample kept attempt 1's turns 0-2
     assert stale.evidence["response_ids"] == stale.evidence["logprobs"] > stale.evidence["response_length"]
@@ -128,8 +138,12 @@ def test_seed_004_fixed_is_aligned_aborted_or_truncated(fixed: RunResult) -> Non
 def test_stale_state_on_retry() -> None:
     plan = plan_from_specs(STALE, seed=4)
     broken = _run("unfixed", plan, [ONE])
-    assert [(v.invariant, v.trajectory) for v in broken.violations] == [("token_alignment", ONE)]
+    assert [(v.invariant, v.trajectory) for v in broken.violations] == [("token_alignment", ONE), ("provenance", ONE)]
     evidence, fault = broken.violations[0].evidence, broken.violations[0].fault
+    kept = broken.violations[1].evidence  # attempt 1's turns 0-1 (its aborted turn 2 was not kept), then attempt 2's
+    assert kept["kind"] == "earlier attempt"
+    assert [(c["turn"], c["attempt"], c["final_attempt"]) for c in kept["composition"][:3]] == [
+        (0, 1, False), (1, 1, False), (0, 2, True)]
     record = broken.records[0]
     assert evidence == _lengths(record) and record.outcome == "completed"
     assert evidence["logprobs"] == evidence["loss_mask"] == evidence["response_ids"] > evidence["response_length"]
@@ -164,7 +178,10 @@ def test_no_per_turn_clamp() -> None:
 def test_text_without_logprobs() -> None:
     plan = plan_from_specs(NO_LOGPROBS, seed=4)
     broken = _run("unfixed", plan, [ONE])
-    assert [(v.invariant, v.trajectory) for v in broken.violations] == [("token_alignment", ONE)]
+    assert [(v.invariant, v.trajectory) for v in broken.violations] == [("token_alignment", ONE), ("provenance", ONE)]
+    lost = broken.violations[1].evidence  # the text re-tokenized without the end-of-turn token it was served
+    assert lost["kind"] == "missing" and lost["served_by"]["turn"] == 1
+    assert lost["expected"] == load_tokenizer().eos_token_id
     evidence, fault = broken.violations[0].evidence, broken.violations[0].fault
     assert evidence["logprobs"] < evidence["response_ids"] == evidence["loss_mask"] == evidence["response_length"]
     assert fault is not None and fault["fault"] == "missing_logprobs"

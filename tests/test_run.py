@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.invariants import INVARIANTS
 from bench.report import load, write_report
 from bench.runner import RunConfig, RunResult, run
 from faults import resolve_plan
@@ -64,7 +65,7 @@ def test_report_folder_matches_the_run(unfixed: RunResult, tmp_path: Path) -> No
         assert (tmp_path / plot).stat().st_size > 5000
     suite = ET.parse(tmp_path / "junit.xml").getroot()
     failed = [case.get("name") for case in suite.iter("testcase") if case.find("failure") is not None]
-    assert failed == ["batch_survival"] and suite.get("tests") == "11"
+    assert failed == ["batch_survival"] and suite.get("tests") == str(len(INVARIANTS))
 
 
 def test_watchdog_reports_a_hang_and_leaves_nothing_behind() -> None:

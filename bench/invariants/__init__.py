@@ -6,10 +6,10 @@ from dataclasses import replace
 from types import ModuleType
 
 from . import (abort_contract, accounting, batch_survival, context_budget, group_completeness, liveness,
-               replay_fidelity, retry_discipline, staleness, token_alignment, vacuity)
+               provenance, replay_fidelity, retry_discipline, staleness, token_alignment, vacuity)
 from .base import Bounds, HangReport, RunView, Violation
 
-_MODULES: list[ModuleType] = [token_alignment, context_budget, abort_contract, batch_survival, group_completeness,
+_MODULES: list[ModuleType] = [token_alignment, provenance, context_budget, abort_contract, batch_survival, group_completeness,
                               staleness, retry_discipline, liveness, accounting, vacuity, replay_fidelity]
 INVARIANTS = {module.NAME: module.check for module in _MODULES}
 

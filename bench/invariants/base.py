@@ -13,6 +13,7 @@ from typing import Any, Callable
 from faults import FaultEvent, Plan
 
 from ..server.request_log import RequestRecord
+from ..server.served_tokens import ServedTokens
 from ..targets.record import ErrorInfo, SampleRecord
 
 
@@ -58,6 +59,9 @@ class RunView:
     duration_s: float = 0.0
     bounds: Bounds = field(default_factory=Bounds)
     emitted: dict[str, int] = field(default_factory=dict)  # records the target emitted, per trajectory
+    served: ServedTokens | None = None  # what each identified request was served, token by token
+    tokens_source: str = "served"  # "retokenized": the target's framework re-tokenises the text it was served
+    decode: Callable[[list[int]], str] | None = None  # the trace's tokenizer, for text comparisons
 
     def faults_for(self, trajectory: str) -> list[FaultEvent]:
         return [e for e in self.fault_events if e.trajectory == trajectory]

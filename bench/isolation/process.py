@@ -92,6 +92,7 @@ class IsolatedTarget:
         self.python = python or sys.executable
         self.name = spec
         self.fail_fast = False
+        self.tokens_source = "served"  # what the target's adapter declares (`bench.targets.tokens_source_of`)
         self.versions: dict[str, str] = {}
         self.worker_pid: int | None = None
         self.worker_cpu_s: float | None = None
@@ -162,6 +163,7 @@ class IsolatedTarget:
             kind = message["kind"]
             if kind == "hello":
                 self.name, self.fail_fast = message["target"], bool(message["fail_fast"])
+                self.tokens_source = message.get("tokens_source", "served")
                 self.versions = message.get("versions", {})
                 self.startup_s = round(time.monotonic() - (self._spawned or time.monotonic()), 3)
                 self.started.set()

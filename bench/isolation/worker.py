@@ -74,10 +74,11 @@ def _dump_tasks(stacks_path: Path, worker_task: asyncio.Task[Any] | None) -> Non
 
 async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], stacks_path: Path,
                lifeline: Lifeline) -> int:
-    from ..targets import resolve_target
+    from ..targets import resolve_target, tokens_source_of
 
     try:
         target = resolve_target(target_spec)
+        tokens_source_of(target)  # a bad declaration stops the start, naming the target
         warm_up = getattr(target, "warm_up", None)
         if warm_up is not None:  # the framework's imports, while the harness loads its trace
             await asyncio.to_thread(warm_up, options)
@@ -87,6 +88,7 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], sta
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks, stacks_path,
                                                     asyncio.current_task())
     channel.send("hello", target=target.name, fail_fast=bool(target.fail_fast), pid=os.getpid(),
+                 tokens_source=tokens_source_of(target),
                  python=sys.executable, versions=_versions())
     job_line = await lifeline.job_line()
     if not job_line.strip():

@@ -32,6 +32,7 @@ class Identity:
     attempt: int
     drift: str | None = None  # None | "context" | "extra_turn" | "unknown_prompt"
     digest: str | None = None  # for unknown prompts: names the request in place of a trajectory id
+    by_order: bool = False  # one of several members' identical requests, told apart only by arrival order
 
     @property
     def key(self) -> tuple[str | None, int | None]:
@@ -115,23 +116,25 @@ class Identifier:
             return turn
         return None
 
-    def _claim(self, trajectory: RecordedTrajectory, turn: int, drift: str | None) -> Identity:
+    def _claim(self, trajectory: RecordedTrajectory, turn: int, drift: str | None, by_order: bool = False) -> Identity:
         self._attempts[(trajectory.id, turn)] += 1
-        return Identity(trajectory.id, trajectory.group_id, turn, self._attempts[(trajectory.id, turn)], drift)
+        return Identity(trajectory.id, trajectory.group_id, turn, self._attempts[(trajectory.id, turn)], drift,
+                        by_order=by_order)
 
     def _claim_among(self, matches: list[tuple[RecordedTrajectory, int]]) -> Identity:
         """Identical requests from several members: first unclaimed, then a failed one, then the least tried."""
         matches.sort(key=lambda m: (m[0].index, m[1]))
         if self.dispatched is not None:
             matches = [m for m in matches if m[0].id in self.dispatched] or matches
+        by_order = len(matches) > 1
         for member, turn in matches:
             if self._attempts[(member.id, turn)] == 0:
-                return self._claim(member, turn, None)
+                return self._claim(member, turn, None, by_order=by_order)
         for member, turn in matches:
             if (member.id, turn) in self._failed:
-                return self._claim(member, turn, None)
+                return self._claim(member, turn, None, by_order=by_order)
         member, turn = min(matches, key=lambda m: (self._attempts[(m[0].id, m[1])], m[0].index))
-        return self._claim(member, turn, None)
+        return self._claim(member, turn, None, by_order=by_order)
 
     def _closest(self, groups: list[Group], packed: bytes) -> Identity:
         best = max((m for g in groups for m in g.members), key=lambda m: (self._shared(m, packed), -m.index))

@@ -13,6 +13,7 @@ from ..replay import GenerateParams, Generation, Identifier, Identity, TraceStor
 from ..tokenizer import ByteBPETokenizer
 from .profiles import SglangProfile
 from .request_log import RequestLog
+from .served_tokens import ServedTokens
 from .state import ServerState
 
 TRAJECTORY_HEADER = "X-Bench-Trajectory"
@@ -44,6 +45,7 @@ class ServerContext:
         self.identifier = Identifier(store)
         self.state = ServerState()
         self.log = RequestLog()
+        self.served = ServedTokens()  # what each identified request was served, token by token
         self.faults = FaultEngine(plan)
         self.url = ""
 

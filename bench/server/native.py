@@ -15,7 +15,7 @@ from . import transport, wire
 from .context import TRAJECTORY_HEADER, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
-from .playback import Choice, new_record, play, reject
+from .playback import Choice, identified, new_record, play, reject
 from .request_log import RequestRecord
 
 
@@ -100,7 +100,8 @@ def _prepare(ctx: ServerContext, request: web.Request, parsed: NativeRequest, it
     generation = ctx.generate(item.ids, item.params, item.hint)
     identity = generation.identity
     record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
-    record.attempt, record.drift = identity.attempt, identity.drift
+    record.attempt, record.drift, record.by_order = identity.attempt, identity.drift, identity.by_order
+    identified(ctx, record, item.ids)
     exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=parsed.stream, rid=item.rid,
                             forced=forced)
     if exchange.replacement is not None:
@@ -126,7 +127,7 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
         reject(ctx, record, 200, "aborted in the waiting queue", arrived, generation)
         record.finish = "abort"
         return formatter.queued_abort(item.rid, time.time() - arrived)
-    played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record), arrived)
+    played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record, exchange, parsed.return_logprob), arrived)
     formatter.weight_version = ctx.state.weight_version
     e2e = time.time() - arrived
     if played.queued:
@@ -215,7 +216,7 @@ async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeIt
         record.finish = "abort"
         await send(formatter.queued_abort(item.rid, time.time() - arrived))
         return
-    played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record), arrived, on_token)
+    played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record, exchange, parsed.return_logprob), arrived, on_token)
     if played.queued:
         await send(formatter.queued_abort(item.rid, time.time() - arrived))
     elif played.aborted:

@@ -33,7 +33,7 @@ from .openai_answer import settle
 from .openai_format import OpenAIFormatter
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate
 from .openai_stream import play_choice, stream_choices, wire_faults
-from .playback import Choice, new_record, reject
+from .playback import Choice, identified, new_record, reject
 
 Parser = Callable[[dict[str, Any], str, ByteBPETokenizer], OpenAIRequest]
 _PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "generate": "generate-tokens-"}
@@ -110,6 +110,7 @@ def _choices(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, ba
             generation = ctx.generate(ids, params, hint)
             record = new_record(ctx, request.path, arrived, rid=rid, stream=parsed.stream, prompt_tokens=len(ids),
                                 generation=generation, request=request)
+            identified(ctx, record, ids)
             exchange = ctx.exchange(generation, api="openai", endpoint=request.path, stream=parsed.stream, rid=rid,
                                     forced=forced)
             try:
@@ -120,7 +121,7 @@ def _choices(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, ba
                 for choice in [*choices, Choice(len(choices), ids, generation, rid, record)]:
                     _refused(ctx, choice, status, str(stop), arrived)  # identified, never played
                 raise
-            choices.append(Choice(len(choices), ids, generation, rid, record))
+            choices.append(Choice(len(choices), ids, generation, rid, record, exchange, parsed.logprobs))
             exchanges.append(exchange)
     return choices, exchanges
 

@@ -16,7 +16,9 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from ..replay import Generation
+from faults import Exchange
+
+from ..replay import Generation, pack
 from .context import ServerContext
 from .request_log import RequestRecord
 from .served import SERVED_KEY
@@ -32,6 +34,8 @@ class Choice:
     generation: Generation
     rid: str
     record: RequestRecord
+    exchange: Exchange | None = None  # what faults changed in the answer (its logprobs, its reported version)
+    logprobs_requested: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,11 +54,37 @@ def new_record(ctx: ServerContext, endpoint: str, arrived: float, *, rid: str | 
     if generation is not None:
         identity = generation.identity
         record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
-        record.attempt, record.drift = identity.attempt, identity.drift
+        record.attempt, record.drift, record.by_order = identity.attempt, identity.drift, identity.by_order
     ctx.log.append(record)
     if request is not None:
         request.setdefault(SERVED_KEY, []).append(record)
     return record
+
+
+def identified(ctx: ServerContext, record: RequestRecord, prompt_ids: list[int]) -> None:
+    """The request is known to be this trajectory's turn: keep what it will be served (`served_tokens`)."""
+    if record.trajectory is not None:
+        ctx.served.begin(record, pack(prompt_ids))
+
+
+def served_logprobs(choice: Choice, count: int) -> list[float | None] | None:
+    """The logprob the answer showed for each of the first `count` tokens (None: none shown for it);
+    None when the answer carried no logprobs at all."""
+    exchange = choice.exchange
+    if not choice.logprobs_requested or (exchange is not None and exchange.omit_logprobs):
+        return None
+    if exchange is not None and exchange.logprob_entries is not None:
+        return [lp for lp, _ in exchange.logprob_entries[:count]]
+    return list(choice.generation.logprobs or [])[:count]
+
+
+def _keep_served(ctx: ServerContext, choice: Choice, count: int) -> None:
+    exchange = choice.exchange
+    version: str | None = ctx.state.weight_version
+    if exchange is not None:
+        version = None if exchange.omit_weight_version else exchange.reported_weight_version or version
+    ctx.served.finish(choice.record, choice.prompt_ids, choice.generation.output_ids[:count],
+                      served_logprobs(choice, count), version)
 
 
 def reject(ctx: ServerContext, record: RequestRecord, status: int, error: str, arrived: float,
@@ -84,6 +114,7 @@ async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnT
     scale = ctx.config.time_scale
     total = len(generation.output_ids)
     decode = max(0.0, generation.total - generation.ttft) * scale
+    served = 0  # tokens played so far: what the client was (or is being) served
     try:
         if not await pacer.sleep(generation.ttft * scale):
             return _finish(ctx, choice, arrived, 0, True, queued=True)
@@ -91,14 +122,17 @@ async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnT
         if on_token is None:
             started = pacer.active
             if await pacer.sleep(decode):
+                served = total
                 return _finish(ctx, choice, arrived, total, False)
             per_token = decode / max(1, total)
             done = total if per_token == 0 else math.floor((pacer.active - started) / per_token)
-            return _finish(ctx, choice, arrived, min(done, max(0, total - 1)), True)
+            served = min(done, max(0, total - 1))
+            return _finish(ctx, choice, arrived, served, True)
         for count in range(1, total + 1):
             if count > 1 and not await pacer.sleep(decode / total):
                 return _finish(ctx, choice, arrived, count - 1, True)
             await on_token(count)
+            served = count
         return _finish(ctx, choice, arrived, total, False)
     except (asyncio.CancelledError, ConnectionResetError):
         choice.record.client_disconnected = True
@@ -107,3 +141,4 @@ async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnT
         raise
     finally:
         ctx.state.release(choice.rid)
+        _keep_served(ctx, choice, served)

@@ -20,6 +20,7 @@ class RequestRecord:
     turn: int | None = None
     attempt: int | None = None
     drift: str | None = None
+    by_order: bool = False  # identical requests of several group members: which one this was is a guess
     stream: bool = False
     status: int | None = None
     prompt_tokens: int | None = None
@@ -28,6 +29,12 @@ class RequestRecord:
     latency_s: float | None = None
     client_disconnected: bool = False
     error: str | None = None
+    seq: int = -1  # arrival order in the log (the row of the `requests` table)
+    served_tokens: int | None = None  # output tokens served (None: not identified, so not kept)
+    served_digest: str | None = None  # names the served token sequence (`served_tokens.token_digest`)
+    weight_version: str | None = None  # the version the answer reported (None: none reported)
+    logprobs_served: bool | None = None  # the answer carried logprobs
+    continues: int | None = None  # `seq` of the request whose context this one's prompt extends
 
 
 COLUMNS = [f.name for f in fields(RequestRecord)]
@@ -40,6 +47,7 @@ class RequestLog:
         self.records: list[RequestRecord] = []
 
     def append(self, record: RequestRecord) -> None:
+        record.seq = len(self.records)
         self.records.append(record)
 
     def __len__(self) -> int:

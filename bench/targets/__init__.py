@@ -36,6 +36,19 @@ def _is_module(name: str) -> bool:
     return bool(name) and all(part.isidentifier() for part in name.split("."))
 
 
+TOKENS_SOURCES = ("served", "retokenized")
+
+
+def tokens_source_of(target: Any) -> str:
+    """Where a target's sample tokens come from: "served" (the server's token ids, the default) or
+    "retokenized" (its framework re-tokenises the text it was served; provenance then compares text)."""
+    source = getattr(target, "tokens_source", "served")
+    if source not in TOKENS_SOURCES:
+        raise TargetError(f"target {getattr(target, 'name', target)!r}: tokens_source {source!r} is not one of "
+                          f"{', '.join(TOKENS_SOURCES)}")
+    return str(source)
+
+
 def check_target_spec(spec: str) -> None:
     """Fail early on a name that can never resolve, without importing the target (it may live in another venv)."""
     name, _, variant = spec.partition(":")
@@ -75,5 +88,5 @@ def resolve_target(spec: str) -> TargetAdapter:
 
 
 __all__ = ["DEFAULT_TARGET", "DROPPED_OUTCOMES", "Emit", "ErrorInfo", "OUTCOMES", "REGISTRY", "RolloutJob",
-           "SampleRecord", "TargetAdapter", "TargetError", "TrajectorySpec", "check_target_spec",
-           "resolve_target"]
+           "SampleRecord", "TOKENS_SOURCES", "TargetAdapter", "TargetError", "TrajectorySpec", "check_target_spec",
+           "resolve_target", "tokens_source_of"]
