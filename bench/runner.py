@@ -92,6 +92,7 @@ class RunResult:
     recorded_outcomes: dict[str, str | None] = field(default_factory=dict)  # the trace's outcome per trajectory
     served: ServedTokens | None = None  # what each identified request was served, token by token
     provenance: dict[str, str] = field(default_factory=dict)  # per trajectory: the provenance check's verdict
+    tokens_source: str = "served"  # the target's declaration: "retokenized" when its framework re-tokenises text
 
     @property
     def ok(self) -> bool:
@@ -304,7 +305,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          isolated.describe() if isolated else None, time.process_time() - cpu - side_cpu_s(),
                          isolated.returned_at if isolated else returned_at,
                          recorded_outcomes={t.id: t.recorded_outcome for t in chosen}, served=view.served,
-                         provenance={t: a.label for t, a in provenance.assess(view).items()})
+                         provenance={t: a.label for t, a in provenance.assess(view).items()},
+                         tokens_source=view.tokens_source)
 
 
 def _stall_cause(hang: HangReport) -> ErrorInfo:

@@ -161,13 +161,14 @@ class Float32Logprobs(_Single):
 
 
 class FillsMissingLogprobs(_Single):
-    """A reply without logprobs is papered over with zeros (the old slime fallback's cousin)."""
+    """A reply without logprobs, or with a null one, is papered over with zeros."""
 
     name = "provenance:fills-missing-logprobs"
 
     def alter(self, spec: TrajectorySpec, sample: SampleRecord) -> None:
         if sample.logprobs is None:
             sample.logprobs = [0.0] * len(sample.response_ids)
+        sample.logprobs = [0.0 if value is None else value for value in sample.logprobs]
 
 
 class SwapsWithNeighbour:

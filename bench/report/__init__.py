@@ -16,6 +16,7 @@ import pandas as pd
 from ..runner import RunResult
 from .junit import write_junit
 from .plots import write_plots
+from .served import SERVED_FILE, ServedArrays
 from .summary import format_summary, summarize
 from .tables import frames, read_tables, write_tables
 
@@ -25,10 +26,12 @@ def write_report(result: RunResult, folder: str | Path, junit: str | Path | None
     folder.mkdir(parents=True, exist_ok=True)
     tables = frames(result)
     write_tables(tables, folder)
+    if result.served is not None:
+        result.served.write(folder / SERVED_FILE)
     summary = summarize(result, tables)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     write_plots(tables, folder)
-    write_junit(result, Path(junit) if junit else folder / "junit.xml")
+    write_junit(result, Path(junit) if junit else folder / "junit.xml", summary.get("provenance"))
     _keep_worker_log(result, folder)
     return summary
 
@@ -49,13 +52,15 @@ def _keep_worker_log(result: RunResult, folder: Path) -> None:
 
 
 def load(folder: str | Path) -> dict[str, Any]:
-    """The run's tables (`trajectories`, `requests`, `faults`) as DataFrames, plus `summary`;
-    for a sweep's folder, what `load_sweep` returns."""
+    """The run's tables (`trajectories`, `requests`, `faults`) as DataFrames, plus `summary` and `served` (the
+    tokens and logprobs each request was served, `ServedArrays`); for a sweep's folder, what `load_sweep` returns."""
     folder = Path(folder)
     if (folder / "sweep.csv").exists() or (folder / "sweep.parquet").exists():
         return load_sweep(folder)
     out: dict[str, Any] = dict(read_tables(folder))
     out["summary"] = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    if (folder / SERVED_FILE).exists():
+        out["served"] = ServedArrays.load(folder / SERVED_FILE)
     return out
 
 
@@ -74,4 +79,4 @@ def rerender(folder: str | Path) -> dict[str, Any]:
     return loaded["summary"]  # type: ignore[no-any-return]
 
 
-__all__ = ["add_to_summary", "format_summary", "load", "load_sweep", "rerender", "write_report"]
+__all__ = ["ServedArrays", "add_to_summary", "format_summary", "load", "load_sweep", "rerender", "write_report"]

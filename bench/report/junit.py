@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 from ..invariants import INVARIANTS, Violation
 from ..runner import RunResult
@@ -16,7 +17,23 @@ def _tracebacks(violations: list[Violation]) -> str:
     return "".join(f"\n\n{text.rstrip()}" for text in texts)
 
 
-def write_junit(result: RunResult, path: Path) -> Path:
+def _provenance_properties(case: ET.Element, provenance: dict[str, Any]) -> str:
+    """Per fault type, how many checked samples it hit hold tokens other than those served: as properties of the
+    provenance test case, and as a line its failure text ends with."""
+    properties = ET.SubElement(case, "properties")
+    for key in ("match", "mismatch"):
+        ET.SubElement(properties, "property", name=f"provenance.{key}", value=str(provenance[key]))
+    lines = []
+    for fault, stats in provenance["by_fault"].items():
+        value = f"{stats['mismatch']} of {stats['checked']}"
+        ET.SubElement(properties, "property", name=f"provenance.mismatch.{fault}", value=value)
+        if stats["mismatch"]:
+            lines.append(f"{fault}: {value} checked samples")
+    return "\n\nmismatch by fault type: " + "; ".join(lines) if lines else ""
+
+
+def write_junit(result: RunResult, path: Path, provenance: dict[str, Any] | None = None) -> Path:
+    """`provenance`: the summary's provenance block, for that test case's per-fault properties."""
     checked = result.config.invariants or list(INVARIANTS)
     suite = ET.Element("testsuite", name=f"rollout-bench {result.target}", tests=str(len(checked)),
                        failures=str(len({v.invariant for v in result.violations})), errors="0",
@@ -27,9 +44,11 @@ def write_junit(result: RunResult, path: Path) -> Path:
         case = ET.SubElement(suite, "testcase", classname=f"rollout_bench.{result.target}", name=name)
         found = [v for v in result.violations if v.invariant == name]
         known = [k for k in result.known_violations if k.violation.invariant == name]
+        by_fault = _provenance_properties(case, provenance) if name == "provenance" and provenance else ""
         if found:
             failure = ET.SubElement(case, "failure", message=found[0].message, type=name)
-            failure.text = "\n".join(f"{v.trajectory or '-'}: {v.message}" for v in found) + _tracebacks(found)
+            failure.text = "\n".join(f"{v.trajectory or '-'}: {v.message}" for v in found) + _tracebacks(found) \
+                + by_fault
         elif known:  # only known findings: skipped with the reason, so CI shows them without failing
             skipped = ET.SubElement(case, "skipped", message=f"{len(known)} known: {known[0].finding.reason}")
             skipped.text = "\n".join(f"{k.violation.trajectory or '-'}: {k.violation.message}" for k in known)

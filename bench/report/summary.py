@@ -11,6 +11,7 @@ import pandas as pd
 
 from .. import __version__
 from ..invariants.batch_survival import fail_closed_on
+from ..invariants.provenance import LOGPROB_TOLERANCE
 from ..invariants.root_cause import root_cause
 from ..invariants.vacuity import reach
 from ..invariants.replay_fidelity import describe as describe_fidelity, measure as measure_fidelity
@@ -53,6 +54,33 @@ def _batch_error(result: RunResult) -> dict[str, Any]:
                                   "attempt": e.attempt}
                                  for e in fail_closed_on(result.records, result.fault_events, cause)]
     return out
+
+
+def provenance_summary(result: RunResult, trajectories: pd.DataFrame) -> dict[str, Any]:
+    """Samples matched, mismatched and not checked (with why); per fault type that reached them, how many of the
+    checked samples it hit do not hold what they were served."""
+    labels = trajectories["provenance"].fillna("not checked: no verdict")
+    checked = ~labels.str.startswith("not checked")
+    mismatch = labels.str.startswith("mismatch")
+    by_fault: dict[str, dict[str, Any]] = {}
+    hit_lists = trajectories["faults"].fillna("").astype(str).str.split(",")
+    for fault in sorted({f for names in hit_lists for f in names if f}):
+        hit = hit_lists.apply(lambda names, f=fault: f in names) & checked
+        by_fault[fault] = {"checked": int(hit.sum()), "mismatch": int((hit & mismatch).sum())}
+    clean = ~hit_lists.apply(lambda names: any(names)) & checked
+    by_fault["none"] = {"checked": int(clean.sum()), "mismatch": int((clean & mismatch).sum())}
+    served = result.served
+    return {
+        "tokens_source": result.tokens_source,
+        "logprob_tolerance": LOGPROB_TOLERANCE,
+        "match": int((labels.str.startswith("match")).sum()),
+        "mismatch": int(mismatch.sum()),
+        "checks": {str(k): int(v) for k, v in labels[checked].str.extract(r"\((.*)\)")[0].value_counts().items()},
+        "not_checked": {str(k).removeprefix("not checked: "): int(v) for k, v in labels[~checked].value_counts().items()},
+        "by_fault": by_fault,
+        "served_tokens": len(served.ids) if served is not None else None,
+        "served_bytes": served.nbytes() if served is not None else None,
+    }
 
 
 def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, Any]:
@@ -102,6 +130,8 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "repros": [],  # the verified repros, added once they are (`bench.repro`, by the command line)
         # rules that never fired: not reached (the target stopped first) or never matched (a violation)
         "vacuity": vars(reach(plan, result.fault_events, result.records)),
+        # did each sample train on what it was served (the provenance invariant), per check and per fault type
+        "provenance": provenance_summary(result, trajectories),
         "throughput": {
             "trajectories_per_s": round(n / duration, 3),
             "samples_per_s": round(int((~trajectories["outcome"].eq("lost")).sum()) / duration, 3),
@@ -159,6 +189,9 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
         what = f"ended at its {hang['deadline_s']:g} s deadline" if kind == "deadline" else \
             f"no progress for {hang['idle_s']} s{during}"
         lines.append((kind, f"{what}; {hang['pending_tasks']} tasks pending"))
+    provenance = summary.get("provenance")
+    if provenance:
+        lines.append(("provenance", _provenance_line(provenance)))
     not_reached = (summary.get("vacuity") or {}).get("not_reached")
     if not_reached:
         lines.append(("not reached", f"{', '.join(not_reached)}: rules the target stopped before (no verdict on them)"))
@@ -182,6 +215,17 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     width = max(len(k) for k, _ in lines)
     table = "\n".join(f"  {k:<{width}}  {v}" for k, v in lines)
     return table + _traceback_tail(error, folder)
+
+
+def _provenance_line(provenance: dict[str, Any]) -> str:
+    """'500 checked: 497 match, 3 mismatch (tokens+logprobs 490, tokens 10); 20 not checked; mismatch by fault:
+    abort 2 of 31'."""
+    checks = ", ".join(f"{k} {v}" for k, v in provenance["checks"].items())
+    text = (f"{provenance['match'] + provenance['mismatch']} checked ({checks}): {provenance['match']} match, "
+            f"{provenance['mismatch']} mismatch; {sum(provenance['not_checked'].values())} not checked")
+    faulty = [f"{fault} {stats['mismatch']} of {stats['checked']}" for fault, stats in provenance["by_fault"].items()
+              if stats["mismatch"]]
+    return text + (f"; mismatch by fault: {', '.join(faulty)}" if faulty else "")
 
 
 def _violation_counts(violations: list[dict[str, Any]]) -> str:

@@ -32,6 +32,7 @@ def frames(result: RunResult) -> dict[str, pd.DataFrame]:
         row = record.to_row()
         row["faults"] = hit.get(record.trajectory, "")
         row["faults_not_reached"] = missed.get(record.trajectory, "")
+        row["provenance"] = result.provenance.get(record.trajectory)  # `bench.invariants.provenance`
         rows.append(row)
     requests = pd.DataFrame([asdict(r) for r in result.requests], columns=REQUEST_COLUMNS)
     return {"trajectories": pd.DataFrame(rows), "requests": requests, "faults": faults}
