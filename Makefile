@@ -2,7 +2,8 @@
 #   make demo   create .venv, install, run the default job, print where the report is
 #   make test   create .venv with the test extras and the real targets' environments, run the whole suite
 #   make targets  build one virtual environment per real target (miles, verifiers) in .targets/
-#   make bench  benchmarks (server throughput beside bare aiohttp, repro cold vs warm worker); not part of test
+#   make bench  benchmarks (server throughput beside bare aiohttp, repro cold vs warm worker, the memory kept for
+#               provenance); not part of test
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -36,6 +37,7 @@ test: $(VENV)/.installed-test targets
 bench: $(VENV)/.installed
 	$(BIN)/python -m benchmarks.server_throughput
 	$(BIN)/python -m benchmarks.repro_warm
+	$(BIN)/python -m benchmarks.served_memory
 
 # Real targets live in their own environments (heavy, conflicting pins; never the bench's .venv).
 # torch is the local CPU wheel, installed first so nothing can pull a CUDA build; a check refuses one anyway.

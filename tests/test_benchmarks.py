@@ -29,6 +29,17 @@ def _bench(module: str, out: Path) -> tuple[dict, str]:
     return json.loads((out / f"{module}.json").read_text()), done.stdout
 
 
+
+@pytest.mark.slow
+def test_served_memory_quick_compares_keeping_with_discarding(tmp_path: Path) -> None:
+    result, stdout = _bench("served_memory", tmp_path)
+    keep, discard = result["rows"]
+    assert (keep["store"], discard["store"]) == ("keep", "discard")
+    assert keep["served_tokens"] > 0 and keep["served_bytes"] == 12 * keep["served_tokens"]
+    assert discard["served_tokens"] == 0 and keep["requests"] == discard["requests"] > keep["samples"] == 40
+    assert result["rss_growth_bytes"] == keep["end_rss_bytes"] - discard["end_rss_bytes"]
+    assert "the served data" in stdout
+
 @pytest.mark.slow
 def test_server_throughput_quick_reports_every_server(tmp_path: Path) -> None:
     result, stdout = _bench("server_throughput", tmp_path)

@@ -39,7 +39,7 @@ def token_digest(ids: "array[int] | list[int]") -> str:
     return hashlib.blake2b(packed, digest_size=8).hexdigest()
 
 
-@dataclass
+@dataclass(slots=True)
 class ServedEntry:
     """One identified request: where its served tokens sit in the arrays and what it continued."""
 
@@ -165,13 +165,12 @@ class ServedTokens:
         return path
 
     def _parent_of(self, siblings: list[int], prompt: bytes) -> tuple[int | None, str]:
-        """The latest earlier played request whose whole context starts `prompt`, the longest such first.
+        """The latest earlier played request whose whole context starts `prompt`.
 
         A context as long as the prompt continues it only if it served tokens (a partial rollout resumed after an
         abort); one that served none is an earlier attempt at the same turn and is passed over."""
         size = len(prompt) // _INT32
-        candidates = sorted((i for i in siblings if self._continuable(self.entries[i], size)),
-                            key=lambda i: (self.entries[i].context_len, i), reverse=True)
+        candidates = [i for i in reversed(siblings) if self._continuable(self.entries[i], size)]
         shorter = [i for i in siblings if self.entries[i].played and self.entries[i].prompt_len < size]
         latest = shorter[-1] if shorter else None  # the loop's previous step, when it is one
         hashed: dict[int, bytes] = {}
