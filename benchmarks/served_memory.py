@@ -5,8 +5,8 @@ The claim (README, "Provenance"): on agentic-500 (500 trajectories, 5-50 turns e
 by no more than the served data itself (token ids and logprobs, 12 bytes a token). This runs the same scenario
 twice in fresh processes, `ref-tool-loop:fixed` on the whole trace with no faults: once as shipped, once with the
 served-token store replaced by one that keeps nothing, and compares their RSS once the run is over (peak RSS is
-shown too, but it is set by loading the trace) with the bytes the store held. The target runs in its worker process, so the bench process's RSS is the server, the logs and
-the checks.
+shown too, but it is set by loading the trace) with the bytes the store held. The target runs in its worker
+process, so the bench process's RSS is the server, the logs and the checks.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                  for r in rows])
     ratio = growth / data if data else float("nan")
     print(f"\nkeeping {keep['served_tokens']} served tokens ({data / 2**20:.1f} MB of ids and logprobs) grew the "
-          f"bench's RSS (after the run, its report not yet written) by {growth / 2**20:.1f} MB: {ratio:.2f}x the served data")
+          f"bench's RSS (after the run, its report not yet written) by {growth / 2**20:.1f} MB: "
+          f"{ratio:.2f}x the served data")
     payload = {"benchmark": "served_memory", "machine": info, "parameters": {"trace": args.trace, "n": args.n},
                "rows": rows, "rss_growth_bytes": growth, "served_bytes": data, "growth_to_data": round(ratio, 3)}
     json_path, csv_path = write_results(args.out, "served_memory", payload, rows)

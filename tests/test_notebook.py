@@ -81,6 +81,9 @@ def test_notebook_runs_end_to_end_on_fresh_sweep_data(small_sweep: Path, tmp_pat
     assert f"sweep: {small_sweep.resolve()} (4 runs)" in printed
     assert "run:   " + str((small_sweep / "runs").resolve()) in printed  # defaulted to one of the sweep's runs
     assert "retry amplification:" in printed
+    assert "not checked: {" in printed  # the provenance section ran on the run's verdicts
+    tables = "".join(o["data"].get("text/html", "") for o in outputs if "data" in o)
+    assert "mismatch_rate" in tables
 
 
 def test_notebook_reads_the_run_named_by_the_environment(small_sweep: Path, tmp_path: Path,

@@ -165,7 +165,8 @@ def test_report_keeps_the_served_arrays_and_the_per_fault_view(tmp_path: Path) -
 
 def test_the_command_line_fails_the_run_and_prints_the_per_fault_line(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "tests.provenance_targets:Corrupts",
-                           "--trace", "rlvr-500", "--n", "16", "--fault", "missing_logprobs:p=0.5", "--repro-reruns", "0",
+                           "--trace", "rlvr-500", "--n", "16", "--fault", "missing_logprobs:p=0.5",
+                           "--repro-reruns", "0",
                            "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.strip().startswith("provenance "))

@@ -9,8 +9,9 @@ from . import (abort_contract, accounting, batch_survival, context_budget, group
                provenance, replay_fidelity, retry_discipline, staleness, token_alignment, vacuity)
 from .base import Bounds, HangReport, RunView, Violation
 
-_MODULES: list[ModuleType] = [token_alignment, provenance, context_budget, abort_contract, batch_survival, group_completeness,
-                              staleness, retry_discipline, liveness, accounting, vacuity, replay_fidelity]
+_MODULES: list[ModuleType] = [token_alignment, provenance, context_budget, abort_contract, batch_survival,
+                              group_completeness, staleness, retry_discipline, liveness, accounting, vacuity,
+                              replay_fidelity]
 INVARIANTS = {module.NAME: module.check for module in _MODULES}
 
 

@@ -76,7 +76,8 @@ def provenance_summary(result: RunResult, trajectories: pd.DataFrame) -> dict[st
         "match": int((labels.str.startswith("match")).sum()),
         "mismatch": int(mismatch.sum()),
         "checks": {str(k): int(v) for k, v in labels[checked].str.extract(r"\((.*)\)")[0].value_counts().items()},
-        "not_checked": {str(k).removeprefix("not checked: "): int(v) for k, v in labels[~checked].value_counts().items()},
+        "not_checked": {str(k).removeprefix("not checked: "): int(v)
+                        for k, v in labels[~checked].value_counts().items()},
         "by_fault": by_fault,
         "served_tokens": len(served.ids) if served is not None else None,
         "served_bytes": served.nbytes() if served is not None else None,
