@@ -31,7 +31,7 @@ def _max_tokens(spec: TrajectorySpec) -> int:
 
 
 async def _native(http: aiohttp.ClientSession, url: str, spec: TrajectorySpec, ids: list[int],
-                  stream: bool) -> Reply:
+                  stream: bool, ids_from_output_ids: bool = False) -> Reply:
     body = {"input_ids": ids, "sampling_params": spec.sampling_params, "return_logprob": True, "stream": stream}
     async with http.post(f"{url}/generate", json=body) as answer:
         answer.raise_for_status()
@@ -45,7 +45,8 @@ async def _native(http: aiohttp.ClientSession, url: str, spec: TrajectorySpec, i
                     last = json.loads(text[len("data: "):])
     meta = last["meta_info"]
     triples = meta.get("output_token_logprobs")
-    ids_out = [t[1] for t in triples] if triples is not None else list(last.get("output_ids", []))
+    from_triples = triples is not None and not ids_from_output_ids
+    ids_out = [t[1] for t in triples] if from_triples else list(last.get("output_ids", []))
     return Reply(ids_out, [t[0] for t in triples] if triples is not None else None, last["text"],
                  meta["finish_reason"]["type"])
 
@@ -85,11 +86,12 @@ async def _chat(http: aiohttp.ClientSession, url: str, spec: TrajectorySpec) -> 
 
 async def ask(http: aiohttp.ClientSession, job: RolloutJob, spec: TrajectorySpec, ids: list[int] | None = None
               ) -> Reply:
-    """One generation over `job.options["route"]` (native by default)."""
+    """One generation over `job.options["route"]` (native by default: ids from the logprob triples, as slime
+    reads them; `native-output-ids`: ids from `output_ids`, logprobs from the triples)."""
     route = job.options.get("route", "native")
     ids = spec.prompt_ids if ids is None else ids
-    if route in ("native", "native-stream"):
-        return await _native(http, job.base_url, spec, ids, route == "native-stream")
+    if route in ("native", "native-stream", "native-output-ids"):
+        return await _native(http, job.base_url, spec, ids, route == "native-stream", route == "native-output-ids")
     if route == "chat":
         return await _chat(http, job.base_url, spec)
     return await _openai(http, job.base_url, spec, ids, route)

@@ -74,6 +74,21 @@ def test_a_logprob_the_answer_did_not_show_is_invented(fault: str) -> None:
         assert {t for t, label in honest.provenance.items() if label == "match (tokens)"} == hit
 
 
+def test_logprob_entries_that_disagree_with_the_ids() -> None:
+    """`logprob_length_mismatch`: the answer's logprob entries are one short of (or two beyond) its ids. A client
+    reading tokens and logprobs from the entries holds what they showed: no violation. One taking ids from
+    `output_ids` and logprobs from the entries holds every served token, and no logprob where none was shown:
+    provenance holds, and token_alignment names the sample whose logprobs are one short."""
+    for delta in (-1, 2):
+        from_entries = _run("Honest", [f"logprob_length_mismatch:p=0.3,delta={delta}"])
+        assert from_entries.fault_events and not _provenance(from_entries)
+        assert set(from_entries.provenance.values()) == {"match (tokens+logprobs)"}
+    mixed = _run("Honest", ["logprob_length_mismatch:p=0.3,delta=-1"], route="native-output-ids")
+    assert not _provenance(mixed)
+    short = {v.trajectory for v in mixed.violations if v.invariant == "token_alignment"}
+    assert short == {e.trajectory for e in mixed.fault_events}
+
+
 def test_tokens_served_to_another_trajectory() -> None:
     result = _run("SwapsWithNeighbour", n=8)
     found = _provenance(result)

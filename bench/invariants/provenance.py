@@ -125,16 +125,26 @@ def _alternatives(served: ServedTokens, record: SampleRecord, final: ServedEntry
     return sorted(served.of_family(record.group), key=lambda e: e.index, reverse=True)
 
 
-def _expected(served: ServedTokens, chain: list[ServedEntry]) -> tuple[list[int], list[float], list[tuple[int, int]]]:
-    """The final attempt's served tokens, their logprobs, and (chain index, offset) per token."""
+def _expected(served: ServedTokens, chain: list[ServedEntry], from_entries: bool = False
+              ) -> tuple[list[int], list[float], list[tuple[int, int]]]:
+    """The final attempt's served tokens, their logprobs, and (chain index, offset) per token. `from_entries`: as
+    the answers' logprob entries showed them where a fault made those disagree with the token ids."""
     ids: list[int] = []
     logprobs: list[float] = []
     origin: list[tuple[int, int]] = []
     for index, entry in enumerate(chain):
-        ids += served.tokens(entry)
-        logprobs += served.logprobs_of(entry)
-        origin += [(index, offset) for offset in range(entry.count)]
+        stream = served.entry_streams.get(entry.index) if from_entries else None
+        tokens, values = stream if stream is not None else (served.tokens(entry), served.logprobs_of(entry))
+        ids += tokens
+        logprobs += values
+        origin += [(index, offset) for offset in range(len(tokens))]
     return ids, logprobs, origin
+
+
+def _readings(served: ServedTokens, chain: list[ServedEntry]) -> list[bool]:
+    """How the chain's answers may be read: by their token ids, and by their logprob entries too when a fault
+    made the two disagree in one of them (a client reading tokens from the entries holds those)."""
+    return [False, True] if any(e.index in served.entry_streams for e in chain) else [False]
 
 
 def _assess_tokens(view: RunView, served: ServedTokens, record: SampleRecord, positions: list[int],
@@ -143,12 +153,12 @@ def _assess_tokens(view: RunView, served: ServedTokens, record: SampleRecord, po
     trajectory = record.trajectory
     got = [record.response_ids[i] for i in positions]
     token_match: tuple[list[ServedEntry], list[float], list[tuple[int, int]]] | None = None
-    candidates = [chain] if not alternatives else [served.chain(e) for e in alternatives if e.index not in used]
-    for candidate in candidates:
-        if sum(e.count for e in candidate) < len(got):
+    chains = [chain] if not alternatives else [served.chain(e) for e in alternatives if e.index not in used]
+    for candidate, from_entries in ((c, reading) for c in chains for reading in _readings(served, c)):
+        expected, expected_lp, origin = _expected(served, candidate, from_entries)
+        if len(expected) < len(got):
             continue
-        expected, expected_lp, origin = _expected(served, candidate)
-        if got != expected and not _truncated_prefix(record, got, expected, candidate):
+        if got != expected and not _truncated_prefix(record, got, expected, origin):
             continue
         problem = None if record.logprobs is None else _first_logprob_problem(record, positions, expected_lp)
         if problem is None:
@@ -156,6 +166,9 @@ def _assess_tokens(view: RunView, served: ServedTokens, record: SampleRecord, po
                 used.add(candidate[-1].index)
             check, note = (TOKENS_ONLY, "the sample carries no logprobs") if record.logprobs is None else \
                 (TOKENS_AND_LOGPROBS, "")
+            if from_entries:
+                note = "; ".join(filter(None, [note, "as its answers' logprob entries showed them (a fault made "
+                                                     "them disagree with the token ids)"]))
             return Assessment(trajectory, MATCH, check, note)
         token_match = token_match or (candidate, expected_lp, origin)
     if token_match is not None:
@@ -180,11 +193,12 @@ def _first_logprob_problem(record: SampleRecord, positions: list[int], served: l
     return None
 
 
-def _truncated_prefix(record: SampleRecord, got: list[int], expected: list[int], chain: list[ServedEntry]) -> bool:
+def _truncated_prefix(record: SampleRecord, got: list[int], expected: list[int], origin: list[tuple[int, int]]
+                      ) -> bool:
     """A truncated sample may end inside the last turn it was served, never before it."""
     if record.outcome != "truncated" or len(got) >= len(expected) or expected[: len(got)] != got:
         return False
-    last_start = len(expected) - next((e.count for e in reversed(chain) if e.count), 0)
+    last_start = next(k for k, (index, _) in enumerate(origin) if index == origin[-1][0])
     return len(got) >= last_start
 
 

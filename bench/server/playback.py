@@ -78,13 +78,27 @@ def served_logprobs(choice: Choice, count: int) -> list[float | None] | None:
     return list(choice.generation.logprobs or [])[:count]
 
 
+def entry_stream(choice: Choice, count: int) -> tuple[list[int], list[float | None]] | None:
+    """The (ids, logprobs) of the answer's logprob entries when a fault made them disagree with its token ids
+    (`logprob_length_mismatch`): clients that read tokens from the entries (slime does) hold these."""
+    exchange = choice.exchange
+    if exchange is None or exchange.logprob_entries is None or served_logprobs(choice, count) is None:
+        return None
+    whole = count >= len(choice.generation.output_ids)
+    entries = exchange.logprob_entries if whole else exchange.logprob_entries[:count]
+    ids = [token for _, token in entries]
+    if ids == choice.generation.output_ids[:count]:
+        return None
+    return ids, [logprob for logprob, _ in entries]
+
+
 def _keep_served(ctx: ServerContext, choice: Choice, count: int) -> None:
     exchange = choice.exchange
     version: str | None = ctx.state.weight_version
     if exchange is not None:
         version = None if exchange.omit_weight_version else exchange.reported_weight_version or version
     ctx.served.finish(choice.record, choice.prompt_ids, choice.generation.output_ids[:count],
-                      served_logprobs(choice, count), version)
+                      served_logprobs(choice, count), version, entry_stream(choice, count))
 
 
 def reject(ctx: ServerContext, record: RequestRecord, status: int, error: str, arrived: float,

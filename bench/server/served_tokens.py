@@ -73,6 +73,8 @@ class ServedTokens:
         self.logprobs = array("d")  # NaN where the answer showed no usable logprob
         self._by_trajectory: dict[str, list[int]] = {}
         self._by_record: dict[int, int] = {}  # id(record) -> entry index
+        # entry index -> (ids, logprobs) of its answer's logprob entries, where they disagreed with its token ids
+        self.entry_streams: dict[int, tuple[list[int], list[float]]] = {}
         # per group: the entries whose chain starts at a request told apart from its siblings' only by arrival
         # order, so which member's attempt it was is a guess (`Identity.by_order`)
         self._by_family: dict[str, list[int]] = {}
@@ -99,8 +101,10 @@ class ServedTokens:
         return entry
 
     def finish(self, record: RequestRecord, prompt: list[int], ids: list[int], logprobs: list[float | None] | None,
-               weight_version: str | None) -> None:
-        """The tokens a played request served (a prefix when it was aborted), with the logprobs its answer showed."""
+               weight_version: str | None,
+               entries: tuple[list[int], list[float | None]] | None = None) -> None:
+        """The tokens a played request served (a prefix when it was aborted), with the logprobs its answer showed;
+        `entries`: the ids and logprobs of its logprob entries, when a fault made them disagree with its ids."""
         index = self._by_record.get(id(record))
         if index is None:
             return  # not identified through `begin` (a bench-internal request)
@@ -111,6 +115,8 @@ class ServedTokens:
         shown = logprobs or []
         self.logprobs.extend(_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids)))
         entry.context_digest = _digest(array("i", prompt).tobytes() + array("i", ids).tobytes())
+        if entries is not None:  # rare (a fault): kept beside the arrays, not in them
+            self.entry_streams[index] = (list(entries[0]), [_as_float(v) for v in entries[1]])
         record.served_tokens, record.served_digest = len(ids), token_digest(ids)
         record.weight_version = weight_version
         record.logprobs_served = entry.logprobs_shown
