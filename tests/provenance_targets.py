@@ -251,7 +251,33 @@ class ToolLoop:
                 sample = record(spec, Reply(ids, (first.logprobs or []) + [0.0] * len(tool) + (second.logprobs or []),
                                             second.text, second.finish))
                 sample.loss_mask = [1] * len(first.ids) + [self.tool_mask] * len(tool) + [1] * len(second.ids)
-                emit(sample)
+                emit(self.shape(sample, len(first.ids), len(tool)))
+
+    def shape(self, sample: SampleRecord, first: int, tool: int) -> SampleRecord:
+        return sample
+
+
+class MasksFirstTurn(ToolLoop):
+    """Keeps the first reply in the sample but does not train on it (loss mask 0): sound, nothing unserved."""
+
+    name = "provenance:masks-first-turn"
+
+    def shape(self, sample: SampleRecord, first: int, tool: int) -> SampleRecord:
+        sample.loss_mask[:first] = [0] * first
+        return sample
+
+
+class LosesSecondTurn(ToolLoop):
+    """Trains on the first reply and drops the second from the sample: served, then lost."""
+
+    name = "provenance:loses-second-turn"
+
+    def shape(self, sample: SampleRecord, first: int, tool: int) -> SampleRecord:
+        keep = first + tool
+        sample.response_ids, sample.loss_mask = sample.response_ids[:keep], sample.loss_mask[:keep]
+        sample.logprobs = (sample.logprobs or [])[:keep]
+        sample.response_length = keep
+        return sample
 
 
 class ToolCountedAsModel(ToolLoop):

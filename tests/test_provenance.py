@@ -134,6 +134,16 @@ def test_tool_output_counted_as_model_tokens() -> None:
         assert evidence["response_index"] == first_turn.served_tokens < record.response_length
 
 
+def test_a_turn_kept_out_of_training_is_fine_a_turn_lost_is_not() -> None:
+    masked = _run("MasksFirstTurn", n=8)
+    assert not _provenance(masked) and set(masked.provenance.values()) == {"match (tokens+logprobs)"}
+    lost = _run("LosesSecondTurn", n=8)
+    found = _provenance(lost)
+    assert set(found) == {r.trajectory for r in lost.records}
+    assert {v["kind"] for v in found.values()} == {"missing"}
+    assert {v["served_by"]["turn"] for v in found.values()} == {1}
+
+
 def test_a_retokenizing_framework_is_compared_as_text_and_says_so() -> None:
     honest = _run("Retokenizes", n=16, isolation="process")  # the declaration crosses the worker's hello
     assert not _provenance(honest) and set(honest.provenance.values()) == {"match (text)"}

@@ -7,6 +7,7 @@ served store's links (each request's prompt extends the context it continued), s
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -22,7 +23,8 @@ from bench.targets import SampleRecord
 tokens = st.lists(st.integers(0, 30), min_size=0, max_size=8)
 logprob = st.one_of(st.none(), st.floats(-20.0, -0.0001, allow_nan=False))
 MUTATIONS = ("none", "change token", "drop token", "insert token", "repeat turn", "earlier attempt first",
-             "nudge logprob", "move logprob", "fill missing logprob", "drop logprob", "tool as model", "truncate")
+             "nudge logprob", "move logprob", "fill missing logprob", "drop logprob", "tool as model", "truncate",
+             "mask a turn", "drop a turn", "first turn into the prompt")
 
 
 @dataclass
@@ -72,28 +74,55 @@ def sample_of(final: list[Turn]) -> tuple[list[int], list[float | None], list[in
     return ids, logprobs, mask
 
 
+def _masked_somewhere(ids: list[int], mask: list[int], tokens: list[int]) -> bool:
+    return not tokens or any(ids[p: p + len(tokens)] == tokens and not any(mask[p: p + len(tokens)])
+                             for p in range(len(ids)))
+
+
+def _logprobs_ok(have: list[float | None], want: list[float | None]) -> bool:
+    for got, served in zip(have, want, strict=True):
+        number = got is not None and not math.isnan(got)
+        if served is None:
+            if number:
+                return False
+        elif not number or abs(got - served) > ABS_TOL + REL_TOL * abs(served):
+            return False
+    return True
+
+
 def reference(final: list[Turn], ids: list[int], logprobs: list[float | None], mask: list[int],
               outcome: str) -> bool:
-    """True when the sample trains on exactly what its final attempt was served (the documented rule)."""
+    """True when the sample trains on what its final attempt was served (the documented rule), by brute force:
+    some choice of trained turns, in order and whole (a truncated sample's last one may be cut), makes the model
+    tokens, their logprobs are the served ones, and each turn left out after the first trained one is in the
+    response whole under loss mask 0. Every turn is tried first, as the invariant does."""
     positions = [i for i, m in enumerate(mask) if m]
     if not positions:
         return True
     got = [ids[i] for i in positions]
-    served = [t for turn in final for t in turn.ids]
-    served_lp = [lp for turn in final for lp in turn.logprobs]
-    last = next((len(turn.ids) for turn in reversed(final) if turn.ids), 0)
-    if got != served and not (outcome == "truncated" and len(got) >= len(served) - last
-                              and served[: len(got)] == got and len(got) < len(served)):
-        return False
-    for k, i in enumerate(positions):
-        have, want = logprobs[i], served_lp[k]
-        have_number = have is not None and not math.isnan(have)
-        if want is None:
-            if have_number:
-                return False
-        elif not have_number or abs(have - want) > ABS_TOL + REL_TOL * abs(want):
-            return False
-    return True
+    have = [logprobs[i] for i in positions]
+    turns = [turn for turn in final if turn.ids]
+    choices = sorted(itertools.product([False, True], repeat=len(turns)), key=lambda c: [not x for x in c])
+    for chosen in choices:
+        picked = [turn for turn, keep in zip(turns, chosen) if keep]
+        if not picked:
+            continue
+        first = chosen.index(True)
+        if not all(_masked_somewhere(ids, mask, turn.ids)
+                   for j, turn in enumerate(turns) if j > first and not chosen[j]):
+            continue
+        served = [t for turn in picked for t in turn.ids]
+        served_lp = [lp for turn in picked for lp in turn.logprobs]
+        start_of_last = len(served) - len(picked[-1].ids)
+        if got == served:
+            cut = len(served)
+        elif outcome == "truncated" and start_of_last < len(got) < len(served) and served[: len(got)] == got \
+                and all(not keep for keep in chosen[turns.index(picked[-1]) + 1:]):
+            cut = len(got)
+        else:
+            continue
+        return _logprobs_ok(have, served_lp[:cut])
+    return False
 
 
 @settings(max_examples=400)  # cheap (a few ms each): enough to meet every mutation on every shape, per pull request
@@ -131,6 +160,15 @@ def test_provenance_agrees_with_the_reference(final: list[Turn], abandoned: list
         logprobs[at] = None
     elif mutation == "tool as model" and 0 in mask:
         mask = [1] * len(mask)
+    elif mutation in ("mask a turn", "drop a turn", "first turn into the prompt") and final[0].ids:
+        turn = 0 if mutation == "first turn into the prompt" else where % len(final)
+        start = sum(len(t.ids) + len(t.tool) for t in final[:turn])
+        span = range(start, start + len(final[turn].ids))
+        if mutation == "mask a turn":
+            mask = [0 if i in span else m for i, m in enumerate(mask)]
+        else:  # dropped from the response: lost (a later turn), or moved into the prompt (the first)
+            ids, logprobs, mask = ([v for i, v in enumerate(column) if i not in span]
+                                   for column in (ids, logprobs, mask))
     elif mutation == "truncate" and model:
         outcome = "truncated"
         keep = where % (len(model) + 1)

@@ -18,7 +18,8 @@ On a mismatch the sample's model tokens are decomposed into the served runs they
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from functools import lru_cache
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from ..server.served_tokens import ServedEntry, ServedTokens
@@ -119,10 +120,13 @@ def _final_request(served: ServedTokens, record: SampleRecord) -> ServedEntry | 
 
 def _alternatives(served: ServedTokens, record: SampleRecord, final: ServedEntry | None) -> list[ServedEntry]:
     """Where the sample's final attempt may end when the bench cannot know which member's it was: identical
-    requests of a group told apart only by arrival order make any answer along them a candidate (latest first)."""
+    requests of a group told apart only by arrival order make the end of any path they started a candidate
+    (an answer no later request continued; latest first)."""
     if record.request_ids or (final is not None and served.entries[final.root].record.by_order is False):
         return []
-    return sorted(served.of_family(record.group), key=lambda e: e.index, reverse=True)
+    family = served.of_family(record.group)
+    continued = {e.parent for e in family}
+    return sorted((e for e in family if e.index not in continued), key=lambda e: e.index, reverse=True)
 
 
 def _expected(served: ServedTokens, chain: list[ServedEntry], from_entries: bool = False
@@ -155,22 +159,26 @@ def _assess_tokens(view: RunView, served: ServedTokens, record: SampleRecord, po
     token_match: tuple[list[ServedEntry], list[float], list[tuple[int, int]]] | None = None
     chains = [chain] if not alternatives else [served.chain(e) for e in alternatives if e.index not in used]
     for candidate, from_entries in ((c, reading) for c in chains for reading in _readings(served, c)):
-        expected, expected_lp, origin = _expected(served, candidate, from_entries)
-        if len(expected) < len(got):
+        ids, logprobs, origin = _expected(served, candidate, from_entries)
+        chosen = _trained_turns(record, got, ids, origin)
+        if chosen is None:
             continue
-        if got != expected and not _truncated_prefix(record, got, expected, origin):
-            continue
+        keep = [k for k, (index, offset) in enumerate(origin) if offset < chosen.get(index, 0)]
+        expected_lp = [logprobs[k] for k in keep]
         problem = None if record.logprobs is None else _first_logprob_problem(record, positions, expected_lp)
         if problem is None:
             if alternatives:
                 used.add(candidate[-1].index)
-            check, note = (TOKENS_ONLY, "the sample carries no logprobs") if record.logprobs is None else \
-                (TOKENS_AND_LOGPROBS, "")
+            check, notes = (TOKENS_ONLY, ["the sample carries no logprobs"]) if record.logprobs is None else \
+                (TOKENS_AND_LOGPROBS, [])
+            untrained = sum(1 for index, entry in enumerate(candidate) if entry.count and index not in chosen)
+            if untrained:
+                notes.append(f"{untrained} served turn(s) not trained on (in the prompt, or whole under loss mask 0)")
             if from_entries:
-                note = "; ".join(filter(None, [note, "as its answers' logprob entries showed them (a fault made "
-                                                     "them disagree with the token ids)"]))
-            return Assessment(trajectory, MATCH, check, note)
-        token_match = token_match or (candidate, expected_lp, origin)
+                notes.append("as its answers' logprob entries showed them (a fault made them disagree with the "
+                             "token ids)")
+            return Assessment(trajectory, MATCH, check, "; ".join(notes))
+        token_match = token_match or (candidate, expected_lp, [origin[k] for k in keep])
     if token_match is not None:
         candidate, expected_lp, origin = token_match
         k, kind, have = _first_logprob_problem(record, positions, expected_lp)  # type: ignore[misc]
@@ -193,13 +201,59 @@ def _first_logprob_problem(record: SampleRecord, positions: list[int], served: l
     return None
 
 
-def _truncated_prefix(record: SampleRecord, got: list[int], expected: list[int], origin: list[tuple[int, int]]
-                      ) -> bool:
-    """A truncated sample may end inside the last turn it was served, never before it."""
-    if record.outcome != "truncated" or len(got) >= len(expected) or expected[: len(got)] != got:
-        return False
-    last_start = next(k for k, (index, _) in enumerate(origin) if index == origin[-1][0])
-    return len(got) >= last_start
+def _trained_turns(record: SampleRecord, got: list[int], expected: list[int], origin: list[tuple[int, int]]
+                   ) -> dict[int, int] | None:
+    """Which served turns the model tokens are, as {chain index: tokens trained}, or None when they are not.
+
+    The model tokens must be whole turns of the final attempt, in order (a truncated sample's last one may stop
+    early). A turn may be left out of training: before the first trained one it may sit in the prompt; after
+    it, it must be in the response whole under loss mask 0 (masked, not lost). Every turn, when that fits."""
+    spans: list[tuple[int, list[int]]] = []
+    for k, (index, _) in enumerate(origin):
+        if not spans or spans[-1][0] != index:
+            spans.append((index, []))
+        spans[-1][1].append(expected[k])
+    if got == expected:
+        return {index: len(tokens) for index, tokens in spans}
+    truncated = record.outcome == "truncated"
+    masked = [_masked_whole(record, tokens) for _, tokens in spans]
+
+    @lru_cache(maxsize=None)
+    def reach(j: int, at: int) -> tuple[tuple[int, int], ...] | None:
+        """A way to make got[at:] from spans[j:] (at > 0: training has started): ((span, tokens taken), ...)."""
+        if at == len(got):
+            return () if all(masked[j:]) else None
+        if j == len(spans):
+            return None
+        tokens = spans[j][1]
+        if got[at: at + len(tokens)] == tokens:
+            rest = reach(j + 1, at + len(tokens))
+            if rest is not None:
+                return ((j, len(tokens)),) + rest
+        left = len(got) - at
+        if truncated and left < len(tokens) and tokens[:left] == got[at:] and all(masked[j + 1:]):
+            return ((j, left),)
+        return reach(j + 1, at) if at == 0 or masked[j] else None
+
+    path = reach(0, 0)
+    reach.cache_clear()
+    return None if path is None else {spans[j][0]: count for j, count in path}
+
+
+def _masked_whole(record: SampleRecord, tokens: list[int]) -> bool:
+    """`tokens` occur together in the response, all under loss mask 0."""
+    if not tokens:
+        return True
+    ids, mask, size = record.response_ids, record.loss_mask, len(tokens)
+    start = 0
+    while True:
+        try:
+            p = ids.index(tokens[0], start)
+        except ValueError:
+            return False
+        if ids[p: p + size] == tokens and not any(mask[p: p + size]):
+            return True
+        start = p + 1
 
 
 def _logprob_problem(have: float | None, served: float) -> str | None:
@@ -229,7 +283,18 @@ def _logprob_violation(view: RunView, record: SampleRecord, problem: str, k: int
     evidence = {"check": TOKENS_AND_LOGPROBS, "kind": f"logprob {problem}", "position": k, "response_index": i,
                 "expected": None if math.isnan(served) else served, "got": have, "served_by": where | {"from": offset},
                 "got_from": where | {"from": offset}, "composition": None, "tolerance": LOGPROB_TOLERANCE}
-    return Violation(NAME, record.trajectory, message, evidence, preceding(view, record.trajectory, record))
+    return Violation(NAME, record.trajectory, message, evidence, _fault_behind(view, record, [entry]))
+
+
+def _fault_behind(view: RunView, record: SampleRecord, served_by: list[ServedEntry]) -> dict[str, Any] | None:
+    """The fault that altered what the mismatching token's request served (else one on an earlier request of
+    its chain; else the trajectory's last): not whatever fault hit the trajectory last."""
+    events = view.faults_for(record.trajectory)
+    for entry in reversed(served_by):
+        hit = [e for e in events if e.request_id == entry.record.rid]
+        if hit:
+            return asdict(hit[-1])
+    return preceding(view, record.trajectory, record)
 
 
 def _token_violation(view: RunView, served: ServedTokens, record: SampleRecord, positions: list[int], got: list[int],
@@ -255,7 +320,8 @@ def _token_violation(view: RunView, served: ServedTokens, record: SampleRecord, 
                 "composition": [s.describe() for s in segments[:20]] + ([{"more": len(segments) - 20}]
                                                                          if len(segments) > 20 else []),
                 "final_attempt": [_where(e) | {"tokens": e.count} for e in chain]}
-    return Violation(NAME, record.trajectory, message, evidence, preceding(view, record.trajectory, record))
+    upto = chain[: origin[first][0] + 1] if first < len(expected) else chain
+    return Violation(NAME, record.trajectory, message, evidence, _fault_behind(view, record, upto))
 
 
 def _explain(segments: list[Segment], got: list[int], expected: list[int], trajectory: str,
