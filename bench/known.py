@@ -10,6 +10,7 @@ findings narrowly, each with its reason:
     target = "miles*"                      # fnmatch on the target name (default "*")
     recorded_outcome = "context_overflow"  # only trajectories the trace recorded with this outcome
     trajectories = ["g00023-3"]            # only these trajectories
+    fault = "missing_logprobs"             # only violations that fault preceded (the violation's `fault`)
     link = "..."                           # an issue or PR
 
 A violation matching an entry is *known*: still in `summary.json`, the terminal summary and the JUnit
@@ -30,7 +31,7 @@ from typing import Any
 from .invariants import INVARIANTS, Violation
 
 SHIPPED_DIR = Path(__file__).with_name("known_findings")
-_KEYS = {"invariant", "reason", "target", "recorded_outcome", "trajectories", "link"}
+_KEYS = {"invariant", "reason", "target", "recorded_outcome", "trajectories", "fault", "link"}
 
 
 class KnownFindingsError(ValueError):
@@ -46,9 +47,12 @@ class KnownFinding:
     recorded_outcome: str | None = None
     trajectories: tuple[str, ...] | None = None
     link: str | None = None
+    fault: str | None = None  # the fault type the violation names as having preceded it
 
     def matches(self, violation: Violation, target: str, recorded_outcomes: dict[str, str | None]) -> bool:
         if violation.invariant != self.invariant or not fnmatchcase(target, self.target):
+            return False
+        if self.fault is not None and (violation.fault or {}).get("fault") != self.fault:
             return False
         if violation.trajectory is None:
             return self.recorded_outcome is None and self.trajectories is None
@@ -114,7 +118,7 @@ def _finding(path: Path, number: int, entry: Any) -> KnownFinding:
     if entry["invariant"] not in INVARIANTS:
         raise KnownFindingsError(f"{where}: invariant {entry['invariant']!r} is not one of "
                                  f"{', '.join(INVARIANTS)}")
-    for key in ("target", "recorded_outcome", "link"):
+    for key in ("target", "recorded_outcome", "link", "fault"):
         if key in entry and not isinstance(entry[key], str):
             raise KnownFindingsError(f"{where}: {key} must be a string, got {entry[key]!r}")
     trajectories = entry.get("trajectories")
@@ -123,7 +127,8 @@ def _finding(path: Path, number: int, entry: Any) -> KnownFinding:
         raise KnownFindingsError(f"{where}: trajectories must be a non-empty list of trajectory ids")
     return KnownFinding(entry["invariant"], entry["reason"].strip(), f"{path.name}: entry {number}",
                         entry.get("target", "*"), entry.get("recorded_outcome"),
-                        tuple(trajectories) if trajectories is not None else None, entry.get("link"))
+                        tuple(trajectories) if trajectories is not None else None, entry.get("link"),
+                        entry.get("fault"))
 
 
 def split(violations: list[Violation], findings: list[KnownFinding], target: str,

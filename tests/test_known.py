@@ -118,6 +118,11 @@ def test_matching_by_invariant_target_outcome_and_trajectory() -> None:
     assert not KnownFinding("context_budget", "r", "f", trajectories=("t2",)).matches(on, "m", outcomes)
     assert KnownFinding("liveness", "r", "f").matches(run_level, "m", outcomes)
     assert not KnownFinding("liveness", "r", "f", trajectories=("t1",)).matches(run_level, "m", outcomes)
+    after = Violation("provenance", "t1", "missing", {}, fault={"fault": "missing_logprobs"})
+    assert KnownFinding("provenance", "r", "f", fault="missing_logprobs").matches(after, "m", outcomes)
+    assert not KnownFinding("provenance", "r", "f", fault="abort").matches(after, "m", outcomes)
+    assert not KnownFinding("provenance", "r", "f", fault="missing_logprobs").matches(
+        Violation("provenance", "t1", "missing", {}), "m", outcomes)  # no fault preceded it: not that finding
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -129,6 +134,7 @@ def test_matching_by_invariant_target_outcome_and_trajectory() -> None:
      'outcome = "z"\n', "entry 2: unknown key(s) outcome"),
     ('[[known]]\ninvariant = "context_budget"\nreason = "x"\ntrajectories = "g1"\n', "trajectories must be"),
     ('[[known]]\ninvariant = "context_budget"\nreason = "x"\ntarget = 3\n', "target must be a string"),
+    ('[[known]]\ninvariant = "provenance"\nreason = "x"\nfault = ["abort"]\n', "fault must be a string"),
     ('[known]\ninvariant = "x"\n', "known must be an array of tables ([[known]]), got dict"),
     ('known = [1]\n', "entry 1: expected a table"),
     ('title = "x"\n', "unknown top-level key(s) title"),
@@ -145,8 +151,8 @@ def test_shipped_files_load_and_names_resolve() -> None:
     assert "miles" in shipped_known()
     path, findings = resolve_known("miles")
     assert path == shipped_known()["miles"]
-    assert [(f.invariant, f.target, f.recorded_outcome) for f in findings] == \
-        [("context_budget", "miles*", "context_overflow")]
+    assert [(f.invariant, f.target, f.recorded_outcome, f.fault) for f in findings] == \
+        [("context_budget", "miles*", "context_overflow", None), ("provenance", "miles*", None, "missing_logprobs")]
     with pytest.raises(KnownFindingsError, match="not a shipped name .*miles"):
         resolve_known("nope")
 

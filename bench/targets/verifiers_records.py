@@ -1,5 +1,8 @@
 """verifiers `RolloutOutput` dicts as sample records: pure functions, no verifiers import.
 
+The record names the requests it holds (`request_ids`, from each step's response id): prime-rl starts a new
+training sample where a step's prompt stops extending the previous one; this record is the first of those.
+
 A verifiers 0.1 rollout never raises: its error is caught into the state and serialized as
 `{"error", "error_chain_repr", "error_chain_str"}` (the live class is lost at that boundary),
 and its tokens live in the trajectory steps (`tokens`: prompt/completion ids, completion
@@ -28,6 +31,7 @@ class Assembled:
     mask: list[int] = field(default_factory=list)
     steps_without_tokens: int = 0
     prefix_mismatch_step: int | None = None  # a step whose prompt does not extend the sequence so far
+    request_ids: list[str] = field(default_factory=list)  # the server's ids of the steps the sample holds
 
 
 def assemble(steps: Sequence[Mapping[str, Any]]) -> Assembled:
@@ -36,6 +40,12 @@ def assemble(steps: Sequence[Mapping[str, Any]]) -> Assembled:
     sequence: list[int] | None = None
     for index, step in enumerate(steps):
         tokens = step.get("tokens")
+        if tokens is not None and sequence is not None and list(tokens["prompt_ids"])[: len(sequence)] != sequence:
+            out.prefix_mismatch_step = index
+            break
+        request_id = _request_id(step)
+        if request_id is not None:
+            out.request_ids.append(request_id)
         if tokens is None:
             out.steps_without_tokens += 1
             out.logprobs = None  # text without token ids: nothing trainable was returned for this step
@@ -43,9 +53,6 @@ def assemble(steps: Sequence[Mapping[str, Any]]) -> Assembled:
         prompt, completion = list(tokens["prompt_ids"]), list(tokens["completion_ids"])
         if sequence is None:
             out.prompt_length, sequence = len(prompt), prompt
-        elif prompt[: len(sequence)] != sequence:
-            out.prefix_mismatch_step = index
-            break
         else:
             extra = prompt[len(sequence):]
             out.ids += extra
@@ -59,6 +66,13 @@ def assemble(steps: Sequence[Mapping[str, Any]]) -> Assembled:
             out.logprobs += [float(x) for x in tokens["completion_logprobs"]]
         sequence = sequence + completion
     return out
+
+
+def _request_id(step: Mapping[str, Any]) -> str | None:
+    """The request id the server gave the step's answer (vLLM prefixes `chatcmpl-`; the bench logs it bare)."""
+    response = step.get("response")
+    found = response.get("id") if isinstance(response, Mapping) else getattr(response, "id", None)
+    return found.removeprefix("chatcmpl-") if isinstance(found, str) else None
 
 
 def outcome_of(output: Mapping[str, Any]) -> str:
@@ -96,4 +110,5 @@ def record_of(output: Mapping[str, Any], spec: TrajectorySpec, *, details: dict[
         prompt_length=tokens.prompt_length if tokens.prompt_length is not None else len(spec.prompt_ids),
         response_ids=tokens.ids, logprobs=tokens.logprobs, loss_mask=tokens.mask, response_length=len(tokens.ids),
         reward=None if reward is None else float(reward), error=error_info(output.get("error")), details=details,
+        request_ids=tokens.request_ids,  # a sample cut at a prefix mismatch holds only the steps before it
     )
