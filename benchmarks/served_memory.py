@@ -26,9 +26,9 @@ from bench.runner import RunConfig, run_blocking
 if sys.argv[1] == "discard":
     from bench.server import served_tokens
     class Discard(served_tokens.ServedTokens):
-        def begin(self, record, prompt):
+        def begin(self, record, *args, **kwargs):
             record.served_tokens = 0
-        def finish(self, record, prompt, ids, logprobs, weight_version):
+        def finish(self, *args, **kwargs):
             pass
     served_tokens.ServedTokens = Discard
     import bench.server.context as context
