@@ -59,6 +59,14 @@ def test_logprobs_kept_as_float32_are_within_tolerance() -> None:
     assert not _provenance(result) and set(result.provenance.values()) == {"match (tokens+logprobs)"}
 
 
+def test_vllm_chat_sentinel_for_a_null_logprob_is_not_invented() -> None:
+    """vLLM's chat route writes a missing logprob as -9999.0: a client keeping it holds what it was shown."""
+    result = _run("Honest", ["null_logprob:p=0.25,position=3"], route="chat")
+    hit = {e.trajectory for e in result.fault_events}
+    assert hit and not _provenance(result)
+    assert all(next(r for r in result.records if r.trajectory == t).logprobs[3] == -9999.0 for t in hit)
+
+
 @pytest.mark.parametrize("fault", ["missing_logprobs:p=0.25", "null_logprob:p=0.25,position=3"])
 def test_a_logprob_the_answer_did_not_show_is_invented(fault: str) -> None:
     result = _run("FillsMissingLogprobs", [fault])

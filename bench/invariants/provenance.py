@@ -22,6 +22,7 @@ from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from ..server.openai_answer import SENTINEL as NO_LOGPROB_SENTINEL
 from ..server.served_tokens import ServedEntry, ServedTokens
 from ..targets.record import SampleRecord
 from .base import RunView, Violation, preceding
@@ -258,8 +259,8 @@ def _masked_whole(record: SampleRecord, tokens: list[int]) -> bool:
 
 def _logprob_problem(have: float | None, served: float) -> str | None:
     have_number = have is not None and not math.isnan(have)
-    if math.isnan(served):
-        return "invented" if have_number else None
+    if math.isnan(served):  # none shown; vLLM's chat and token routes write that as its -9999.0 sentinel
+        return "invented" if have_number and have != NO_LOGPROB_SENTINEL else None
     if not have_number:
         return "missing"
     assert have is not None
