@@ -1,13 +1,18 @@
 """Provenance: every token a sample trains on is a token the server served to it, in order, from its final attempt.
 
 Reads only the sample records and what the server served (`bench.server.served_tokens`). For each
-sample the tokens under loss mask 1 must equal, in order, the tokens served along its trajectory's
-final attempt: the chain of requests its last request continued, turn by turn (a truncated sample
-may stop early within its last turn). Loss-mask-0 tokens (tool output, template tokens) are not
-compared: they are never model tokens. Each logprob must equal the one the answer showed, within
-`LOGPROB_TOLERANCE` (clients keep logprobs as float32 or round them); a number where the answer
-showed none (omitted, null, NaN) is invented, a missing one where it showed one is missing.
+sample the tokens under loss mask 1 must be, in order, the turns served along its trajectory's final
+attempt (the chain of requests its last request continued), each turn whole; a truncated sample may
+stop early within its last trained turn. A turn may be left out of training: before the first trained
+turn it may sit in the prompt, after it it must be in the response whole under loss mask 0 (kept, not
+lost). Loss-mask-0 tokens are never compared: they are never claimed as model tokens. Each logprob
+must equal the one the answer showed, within `LOGPROB_TOLERANCE` (clients keep logprobs as float32);
+a number where the answer showed none (omitted, null, NaN; vLLM writes none as -9999.0 on its chat
+and token routes, and that value is what was shown) is invented, none where it showed one is missing.
 
+Where identical group requests were told apart by arrival order only, the end of any path they started
+may be the sample's final attempt (each matched once). Where a fault made an answer's logprob entries
+disagree with its ids, the entries' reading counts as served too (slime reads tokens from them).
 A target whose framework re-tokenises the text it was served declares `tokens_source = "retokenized"`:
 its samples are compared as text, and logprobs are not compared (positions do not line up).
 Every sample gets an `Assessment` that names the check made, or why none could be made.
@@ -18,8 +23,8 @@ On a mismatch the sample's model tokens are decomposed into the served runs they
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any, Sequence
 
 from ..server.openai_answer import SENTINEL as NO_LOGPROB_SENTINEL
