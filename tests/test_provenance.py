@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.invariants import provenance
 from bench.report import load, write_report
+from bench.server import openai_answer
 from bench.runner import RunConfig, RunResult, run_blocking
 from bench.targets import TargetError
 from faults import plan_from_specs
@@ -61,6 +63,7 @@ def test_logprobs_kept_as_float32_are_within_tolerance() -> None:
 
 def test_vllm_chat_sentinel_for_a_null_logprob_is_not_invented() -> None:
     """vLLM's chat route writes a missing logprob as -9999.0: a client keeping it holds what it was shown."""
+    assert provenance.NO_LOGPROB_SENTINEL == openai_answer.SENTINEL  # the server's clamp, kept apart from it
     result = _run("Honest", ["null_logprob:p=0.25,position=3"], route="chat")
     hit = {e.trajectory for e in result.fault_events}
     assert hit and not _provenance(result)

@@ -27,12 +27,12 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
 
-from ..server.openai_answer import SENTINEL as NO_LOGPROB_SENTINEL
 from ..server.served_tokens import ServedEntry, ServedTokens
 from ..targets.record import SampleRecord
 from .base import RunView, Violation, preceding
 
 NAME = "provenance"
+NO_LOGPROB_SENTINEL = -9999.0  # what vLLM's chat and token routes write for a logprob they have none of
 SERVED, RETOKENIZED = "served", "retokenized"
 TOKENS_SOURCES = (SERVED, RETOKENIZED)
 ABS_TOL, REL_TOL = 1e-4, 1e-6  # |got - served| <= ABS_TOL + REL_TOL * |served|: float32 keeps ~7 digits
