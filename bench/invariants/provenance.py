@@ -28,13 +28,12 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from ..server.served_tokens import ServedEntry, ServedTokens
+from ..targets.base import RETOKENIZED
 from ..targets.record import SampleRecord
 from .base import RunView, Violation, preceding
 
 NAME = "provenance"
 NO_LOGPROB_SENTINEL = -9999.0  # what vLLM's chat and token routes write for a logprob they have none of
-SERVED, RETOKENIZED = "served", "retokenized"
-TOKENS_SOURCES = (SERVED, RETOKENIZED)
 ABS_TOL, REL_TOL = 1e-4, 1e-6  # |got - served| <= ABS_TOL + REL_TOL * |served|: float32 keeps ~7 digits
 LOGPROB_TOLERANCE = f"|got - served| <= {ABS_TOL:g} + {REL_TOL:g} * |served|"
 _MIN_RUN = 3  # a run of tokens claimed from a request the sample did not continue must be at least this long
@@ -85,7 +84,13 @@ def check(view: RunView) -> list[Violation]:
 
 
 def assess(view: RunView) -> dict[str, Assessment]:
-    """One assessment per sample record."""
+    """One assessment per sample record (worked out once per view: the check and the report both read it)."""
+    if NAME not in view.memo:
+        view.memo[NAME] = _assess_all(view)
+    return view.memo[NAME]  # type: ignore[no-any-return]
+
+
+def _assess_all(view: RunView) -> dict[str, Assessment]:
     served = view.served
     if served is None:
         return {r.trajectory: Assessment(r.trajectory, NOT_CHECKED, NONE, "the run kept no served tokens")

@@ -78,7 +78,7 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], sta
 
     try:
         target = resolve_target(target_spec)
-        tokens_source_of(target)  # a bad declaration stops the start, naming the target
+        tokens_source = tokens_source_of(target)  # a bad declaration stops the start, naming the target
         warm_up = getattr(target, "warm_up", None)
         if warm_up is not None:  # the framework's imports, while the harness loads its trace
             await asyncio.to_thread(warm_up, options)
@@ -88,7 +88,7 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], sta
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks, stacks_path,
                                                     asyncio.current_task())
     channel.send("hello", target=target.name, fail_fast=bool(target.fail_fast), pid=os.getpid(),
-                 tokens_source=tokens_source_of(target),
+                 tokens_source=tokens_source,
                  python=sys.executable, versions=_versions())
     job_line = await lifeline.job_line()
     if not job_line.strip():

@@ -56,6 +56,13 @@ def _batch_error(result: RunResult) -> dict[str, Any]:
     return out
 
 
+def hit_by_fault(trajectories: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per fault type (sorted), which trajectories it reached (the table's comma-separated `faults`)."""
+    names = trajectories["faults"].fillna("").astype(str).str.split(",")
+    return {fault: names.apply(lambda cell, f=fault: f in cell)
+            for fault in sorted({f for cell in names for f in cell if f})}
+
+
 def provenance_summary(result: RunResult, trajectories: pd.DataFrame) -> dict[str, Any]:
     """Samples matched, mismatched and not checked (with why); per fault type that reached them, how many of the
     checked samples it hit do not hold what they were served."""
@@ -63,11 +70,11 @@ def provenance_summary(result: RunResult, trajectories: pd.DataFrame) -> dict[st
     checked = ~labels.str.startswith("not checked")
     mismatch = labels.str.startswith("mismatch")
     by_fault: dict[str, dict[str, Any]] = {}
-    hit_lists = trajectories["faults"].fillna("").astype(str).str.split(",")
-    for fault in sorted({f for names in hit_lists for f in names if f}):
-        hit = hit_lists.apply(lambda names, f=fault: f in names) & checked
+    hits = hit_by_fault(trajectories)
+    for fault, hit in hits.items():
+        hit = hit & checked
         by_fault[fault] = {"checked": int(hit.sum()), "mismatch": int((hit & mismatch).sum())}
-    clean = ~hit_lists.apply(lambda names: any(names)) & checked
+    clean = ~pd.concat(hits.values(), axis=1).any(axis=1) & checked if hits else checked
     by_fault["none"] = {"checked": int(clean.sum()), "mismatch": int((clean & mismatch).sum())}
     served = result.served
     return {
@@ -90,8 +97,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
     outcomes = {name: int((trajectories["outcome"] == name).sum()) for name in OUTCOMES}
     dropped = trajectories["outcome"].isin(DROPPED_OUTCOMES)
     by_fault: dict[str, dict[str, float | int]] = {}
-    for fault in sorted({f for cell in trajectories["faults"].fillna("") for f in str(cell).split(",") if f}):
-        hit = trajectories["faults"].fillna("").str.split(",").apply(lambda names, f=fault: f in names)
+    for fault, hit in hit_by_fault(trajectories).items():
         by_fault[fault] = {"trajectories": int(hit.sum()), "drop_rate": round(float(dropped[hit].mean()), 6)}
     faults = tables["faults"]
     for fault, reaches in (faults.groupby("fault")["reach"].value_counts().unstack(fill_value=0).iterrows()

@@ -98,10 +98,7 @@ def _prepare(ctx: ServerContext, request: web.Request, parsed: NativeRequest, it
         reject(ctx, record, 200 if parsed.stream else 400, message, arrived)
         return ValueRejected(message)
     generation = ctx.generate(item.ids, item.params, item.hint)
-    identity = generation.identity
-    record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
-    record.attempt, record.drift, record.by_order = identity.attempt, identity.drift, identity.by_order
-    identified(ctx, record, item.ids)
+    identified(ctx, record, generation, item.ids)
     exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=parsed.stream, rid=item.rid,
                             forced=forced)
     if exchange.replacement is not None:
@@ -118,6 +115,10 @@ def _prepare(ctx: ServerContext, request: web.Request, parsed: NativeRequest, it
     return item, record, exchange
 
 
+def _choice(parsed: NativeRequest, item: NativeItem, record: RequestRecord, exchange: Exchange) -> Choice:
+    return Choice(item.index, item.ids, exchange.generation, item.rid, record, exchange, parsed.return_logprob)
+
+
 async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, record: RequestRecord,
                      exchange: Exchange, arrived: float) -> dict[str, Any]:
     generation = exchange.generation
@@ -127,7 +128,7 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
         reject(ctx, record, 200, "aborted in the waiting queue", arrived, generation)
         record.finish = "abort"
         return formatter.queued_abort(item.rid, time.time() - arrived)
-    played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record, exchange, parsed.return_logprob), arrived)
+    played = await play(ctx, _choice(parsed, item, record, exchange), arrived)
     formatter.weight_version = ctx.state.weight_version
     e2e = time.time() - arrived
     if played.queued:
@@ -216,7 +217,7 @@ async def _stream_item(ctx: ServerContext, parsed: NativeRequest, item: NativeIt
         record.finish = "abort"
         await send(formatter.queued_abort(item.rid, time.time() - arrived))
         return
-    played = await play(ctx, Choice(item.index, item.ids, generation, item.rid, record, exchange, parsed.return_logprob), arrived, on_token)
+    played = await play(ctx, _choice(parsed, item, record, exchange), arrived, on_token)
     if played.queued:
         await send(formatter.queued_abort(item.rid, time.time() - arrived))
     elif played.aborted:

@@ -109,8 +109,8 @@ def _choices(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, ba
                 rid = uuid.uuid4().hex
             generation = ctx.generate(ids, params, hint)
             record = new_record(ctx, request.path, arrived, rid=rid, stream=parsed.stream, prompt_tokens=len(ids),
-                                generation=generation, request=request)
-            identified(ctx, record, ids)
+                                request=request)
+            identified(ctx, record, generation, ids)
             exchange = ctx.exchange(generation, api="openai", endpoint=request.path, stream=parsed.stream, rid=rid,
                                     forced=forced)
             try:

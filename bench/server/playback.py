@@ -46,23 +46,22 @@ class Played:
 
 
 def new_record(ctx: ServerContext, endpoint: str, arrived: float, *, rid: str | None = None, stream: bool = False,
-               prompt_tokens: int | None = None, generation: Generation | None = None,
-               request: web.Request | None = None) -> RequestRecord:
-    """Append a log record, with the trajectory, turn and attempt the request was taken to be; with `request`,
-    its answer's headers name what was served (`served_headers`)."""
+               prompt_tokens: int | None = None, request: web.Request | None = None) -> RequestRecord:
+    """Append a log record (`identified` then says what the request was taken to be); with `request`, its
+    answer's headers name what was served (`served_headers`)."""
     record = RequestRecord(started=arrived, endpoint=endpoint, rid=rid, stream=stream, prompt_tokens=prompt_tokens)
-    if generation is not None:
-        identity = generation.identity
-        record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
-        record.attempt, record.drift, record.by_order = identity.attempt, identity.drift, identity.by_order
     ctx.log.append(record)
     if request is not None:
         request.setdefault(SERVED_KEY, []).append(record)
     return record
 
 
-def identified(ctx: ServerContext, record: RequestRecord, prompt_ids: list[int]) -> None:
-    """The request is known to be this trajectory's turn: keep what it will be served (`served_tokens`)."""
+def identified(ctx: ServerContext, record: RequestRecord, generation: Generation, prompt_ids: list[int]) -> None:
+    """Log the trajectory, turn and attempt the request was taken to be; when it is a trajectory's turn, keep
+    what it will be served (`served_tokens`)."""
+    identity = generation.identity
+    record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
+    record.attempt, record.drift, record.by_order = identity.attempt, identity.drift, identity.by_order
     if record.trajectory is not None:
         ctx.served.begin(record, pack(prompt_ids))
 
@@ -78,11 +77,13 @@ def served_logprobs(choice: Choice, count: int) -> list[float | None] | None:
     return list(choice.generation.logprobs or [])[:count]
 
 
-def entry_stream(choice: Choice, count: int) -> tuple[list[int], list[float | None]] | None:
+def entry_stream(choice: Choice, count: int, shown: list[float | None] | None
+                 ) -> tuple[list[int], list[float | None]] | None:
     """The (ids, logprobs) of the answer's logprob entries when a fault made them disagree with its token ids
-    (`logprob_length_mismatch`): clients that read tokens from the entries (slime does) hold these."""
+    (`logprob_length_mismatch`): clients that read tokens from the entries (slime does) hold these. `shown`:
+    the answer's logprobs (`served_logprobs`), None when it carried none."""
     exchange = choice.exchange
-    if exchange is None or exchange.logprob_entries is None or served_logprobs(choice, count) is None:
+    if exchange is None or exchange.logprob_entries is None or shown is None:
         return None
     whole = count >= len(choice.generation.output_ids)
     entries = exchange.logprob_entries if whole else exchange.logprob_entries[:count]
@@ -97,8 +98,9 @@ def _keep_served(ctx: ServerContext, choice: Choice, count: int) -> None:
     version: str | None = ctx.state.weight_version
     if exchange is not None:
         version = None if exchange.omit_weight_version else exchange.reported_weight_version or version
-    ctx.served.finish(choice.record, choice.prompt_ids, choice.generation.output_ids[:count],
-                      served_logprobs(choice, count), version, entry_stream(choice, count))
+    shown = served_logprobs(choice, count)
+    ctx.served.finish(choice.record, choice.prompt_ids, choice.generation.output_ids[:count], shown, version,
+                      entry_stream(choice, count, shown))
 
 
 def reject(ctx: ServerContext, record: RequestRecord, status: int, error: str, arrived: float,

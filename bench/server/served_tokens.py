@@ -21,7 +21,6 @@ import math
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from .request_log import RequestRecord
 
@@ -151,9 +150,6 @@ class ServedTokens:
     def nbytes(self) -> int:
         """The served data itself: token ids and logprobs."""
         return self.ids.itemsize * len(self.ids) + self.logprobs.itemsize * len(self.logprobs)
-
-    def iter_entries(self) -> Iterator[ServedEntry]:
-        return iter(self.entries)
 
     def write(self, path: str | Path) -> Path:
         """The arrays as one NumPy `.npz`: `seq`, `offset`, `count` per request, `ids` and `logprobs` per token."""

@@ -10,7 +10,7 @@ import importlib
 import sys
 from typing import Any, Callable
 
-from .base import Emit, RolloutJob, TargetAdapter, TrajectorySpec
+from .base import SERVED, TOKENS_SOURCES, Emit, RolloutJob, TargetAdapter, TrajectorySpec
 from .record import DROPPED_OUTCOMES, OUTCOMES, ErrorInfo, SampleRecord
 
 # Built-in targets: name -> "module:class", imported on first use (each is called with its variant).
@@ -36,13 +36,10 @@ def _is_module(name: str) -> bool:
     return bool(name) and all(part.isidentifier() for part in name.split("."))
 
 
-TOKENS_SOURCES = ("served", "retokenized")
-
-
 def tokens_source_of(target: Any) -> str:
     """Where a target's sample tokens come from: "served" (the server's token ids, the default) or
     "retokenized" (its framework re-tokenises the text it was served; provenance then compares text)."""
-    source = getattr(target, "tokens_source", "served")
+    source = getattr(target, "tokens_source", SERVED)
     if source not in TOKENS_SOURCES:
         raise TargetError(f"target {getattr(target, 'name', target)!r}: tokens_source {source!r} is not one of "
                           f"{', '.join(TOKENS_SOURCES)}")

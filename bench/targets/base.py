@@ -19,6 +19,11 @@ from .record import SampleRecord
 
 Emit = Callable[[SampleRecord], None]
 
+# where an adapter's sample tokens come from (its `tokens_source`, default "served"): the server's token ids, or
+# a framework that re-tokenises the text it was served (provenance then compares text)
+SERVED, RETOKENIZED = "served", "retokenized"
+TOKENS_SOURCES = (SERVED, RETOKENIZED)
+
 
 @dataclass(frozen=True)
 class TrajectorySpec:
