@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import __version__
-from .paths import DEFAULT_TRACE, SHIPPED_TRACES, resolve_trace, shipped_trace
+from bench import __version__
+from bench.trace.shipped import DEFAULT_TRACE, SHIPPED_TRACES, resolve_trace, shipped_trace
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from .synth import synthesize
+    from bench.synth import synthesize
 
     print(f"synth: kind={args.kind} n={args.n} seed={args.seed}", file=sys.stderr)
     path = synthesize(args.kind, args.n, args.seed, args.out, group_size=args.group_size,
@@ -23,7 +23,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from .trace import validate_trace
+    from bench.trace import validate_trace
 
     failed = False
     for spec in args.files:
@@ -37,7 +37,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .trace_stats import format_summary, write_trace_report
+    from bench.trace.stats import format_summary, write_trace_report
 
     path = resolve_trace(args.trace)
     out = Path(args.out) if args.out else Path("reports") / f"inspect-{path.name.split('.')[0]}"
@@ -50,7 +50,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .server.serve import serve
+    from bench.server.serve import serve
 
     plan = build_plan(args.plan, args.fault, args.seed)
     return asyncio.run(serve(args.trace, host=args.host, port=args.port, log_dir=args.log_dir, plan=plan,
@@ -91,11 +91,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
-    from .invariants import Bounds
-    from .report import add_to_summary
-    from .repro import Budget, load_repro, write_config, write_repros
-    from .runner import DEFAULT_PLAN, RunConfig, run
-    from .targets import DEFAULT_TARGET
+    from bench.invariants import Bounds
+    from bench.orchestration.repro import Budget, load_repro, write_config, write_repros
+    from bench.orchestration.runner import DEFAULT_PLAN, RunConfig, run
+    from bench.report import add_to_summary
+    from bench.targets import DEFAULT_TARGET
 
     # a repro file records every input of its run: only what is given on this command line overrides it
     options: dict[str, Any] = {key: value for key, value in (
@@ -143,7 +143,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print("run: terminated (SIGTERM); the worker and its process group were killed, no report written",
               file=sys.stderr)
         return 128 + 15
-    from .report import format_summary, write_report
+    from bench.report import format_summary, write_report
 
     summary = write_report(result, out, junit=args.junit)
     print(format_summary(summary, str(out.resolve())))
@@ -210,7 +210,7 @@ def _suggest_warm_worker(worker: dict[str, Any] | None, slow_s: float = 5.0) -> 
 
 def _load_report_writer() -> None:
     """Import the report writer (pandas, matplotlib) and draw once, while the run's worker starts."""
-    from .report import plots
+    from bench.report import plots
 
     plots.warm_up()
 
@@ -240,10 +240,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import subprocess
     import tempfile
 
-    from .isolation.process import worker_env
-    from .isolation.warm_client import running_warm, socket_path, start_warm, stop_warm
-    from .targets import check_target_spec
-    from .targets.envs import target_python
+    from bench.isolation.process import worker_env
+    from bench.isolation.warm_client import running_warm, socket_path, start_warm, stop_warm
+    from bench.targets import check_target_spec
+    from bench.targets.envs import target_python
 
     check_target_spec(args.target)
     python = args.python or target_python(args.target) or sys.executable
@@ -278,8 +278,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from .known import resolve_known
-    from .sweep import SweepOptions, default_jobs, sweep_command, sweep_invariants
+    from bench.orchestration.known import resolve_known
+    from bench.sweep.sweeper import SweepOptions, default_jobs, sweep_command, sweep_invariants
 
     # a bad known-findings file fails here, not in every run; each run gets the file's absolute path
     known = ["--known", str(resolve_known(args.known)[0].resolve())] if args.known else []
@@ -293,8 +293,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import format_summary, load_sweep, rerender
-    from .sweep_table import is_sweep_folder
+    from bench.report import format_summary, load_sweep, rerender
+    from bench.sweep.table import is_sweep_folder
 
     if is_sweep_folder(args.folder):  # a sweep: one line per run, as its table has them
         runs = load_sweep(args.folder)["runs"]
@@ -308,7 +308,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_tokenizer(args: argparse.Namespace) -> int:
-    from .tokenizer import tokenizer_path
+    from bench.tokenizer import tokenizer_path
 
     print(tokenizer_path())
     return 0
@@ -321,7 +321,7 @@ def _cmd_traces(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .synth import DEFAULT_CREATED, KINDS
+    from bench.synth import DEFAULT_CREATED, KINDS
 
     parser = argparse.ArgumentParser(prog="rollout-bench", description=__doc__)
     parser.add_argument("--version", action="version", version=f"rollout-bench {__version__}")
@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--out", help="report folder (default reports/inspect-<trace>)")
     inspect.set_defaults(run=_cmd_inspect)
 
-    from .server import DEFAULT_PROFILE, PROFILES
+    from bench.server import DEFAULT_PROFILE, PROFILES
 
     serve = sub.add_parser("serve", help="run the mock SGLang / vLLM / router server standalone")
     serve.add_argument("--trace", default=DEFAULT_TRACE,
@@ -372,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
     serve.set_defaults(run=_cmd_serve)
 
-    from .targets import DEFAULT_TARGET
+    from bench.targets import DEFAULT_TARGET
 
     run = sub.add_parser("run", help="run a target against the server under a fault plan; check; report")
     run.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace file or shipped name (default {DEFAULT_TRACE})")
@@ -477,13 +477,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from bench.isolation import TargetStartError
+    from bench.isolation.warm_client import WarmStartError
+    from bench.synth import SynthError
+    from bench.targets import TargetError
+    from bench.trace import TraceFormatError
     from faults import FaultError, PlanError
-
-    from .isolation import TargetStartError
-    from .isolation.warm_client import WarmStartError
-    from .synth import SynthError
-    from .targets import TargetError
-    from .trace import TraceFormatError
 
     args = build_parser().parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.run

@@ -36,8 +36,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .common import (DEFAULT_OUT, machine, median, pick_core, pin_to, print_table, process_cpu_s,
-                     usable_cores, write_results)
+from .common import (
+    DEFAULT_OUT,
+    machine,
+    median,
+    pick_core,
+    pin_to,
+    print_table,
+    process_cpu_s,
+    usable_cores,
+    write_results,
+)
 from .http_load import Load, raw_request
 from .throughput_servers import KINDS, TRAJECTORY_HEADER
 
@@ -54,8 +63,8 @@ AIM = 0.8  # DESIGN.md, "Performance budget"
 
 def trace_requests(trace: str, limit: int | None) -> list[tuple[str, bytes]]:
     """(trajectory id, JSON body) of each trajectory's first request, as a rollout sends it."""
-    from bench.paths import resolve_trace
     from bench.replay import TraceStore
+    from bench.trace.shipped import resolve_trace
 
     store = TraceStore.load(resolve_trace(trace))
     requests = []

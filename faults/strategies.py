@@ -4,7 +4,7 @@ Every drawn rule is valid by construction: it is built by `make_rule` from the s
 values a plan file holds, and its parameters pass the fault's own `check`. Property tests
 spend their examples on the code under test instead of on rejected input, and a drawn plan
 can be written to TOML and loaded back unchanged. `sub_plans(plan)` draws subsets of a
-plan's rules, which is what `bench.explore` shrinks when it looks for the smallest plan
+plan's rules, which is what `bench.testing.explore` shrinks when it looks for the smallest plan
 that still breaks a target.
 """
 

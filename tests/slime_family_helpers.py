@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from bench.targets.slime import Slime
-from bench.targets.slime_family import SlimeFamilyTarget
+from bench.targets.frameworks.slime.family import SlimeFamilyTarget
+from bench.targets.frameworks.slime.target import Slime
 
 USER_REWARD = 0.25
 MARK = "user_generate"

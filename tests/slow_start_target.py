@@ -6,9 +6,9 @@ import asyncio
 
 import aiohttp
 
+from bench.records.sample import ErrorInfo
 from bench.targets import Emit, RolloutJob, SampleRecord
 from bench.targets.client import generate
-from bench.targets.record import ErrorInfo
 
 
 class SlowStart:

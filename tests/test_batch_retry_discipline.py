@@ -13,11 +13,11 @@ import asyncio
 
 from bench.invariants import Bounds, RunView, check_all
 from bench.invariants.churn import measure_churn
-from bench.runner import RunConfig, RunResult, run
-from bench.server.request_log import RequestRecord
+from bench.orchestration.runner import RunConfig, RunResult, run
+from bench.records.requests import RequestRecord
+from bench.records.sample import ErrorInfo
 from bench.targets import SampleRecord
-from bench.targets.record import ErrorInfo
-from bench.targets.ref_scheduler import MAX_RESCHEDULES
+from bench.targets.reference.scheduler import MAX_RESCHEDULES
 from faults import resolve_plan
 
 GROUPS, SIZE = 125, 4  # rlvr-500

@@ -24,10 +24,10 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from bench.hooks import POISON_MARKER, InjectedFault, raise_if_poisoned
+import faults.catalogue  # noqa: F401  (registers every fault)
 from bench.replay.store import RecordedTrajectory
 from bench.server import BenchServer, ServerThread
-import faults.catalogue  # noqa: F401  (registers every fault)
+from bench.targets.hooks import POISON_MARKER, InjectedFault, raise_if_poisoned
 from faults import FAULTS, plan_from_specs
 from tests.server_helpers import request, turn_input
 

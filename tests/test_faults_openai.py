@@ -21,11 +21,11 @@ import httpx
 import openai
 import pytest
 
-from bench.hooks import POISON_MARKER
-from bench.paths import shipped_trace
-from bench.server import ServerThread
-from bench.trace import Trajectory, open_trace
 import faults.catalogue  # noqa: F401  (registers every fault type)
+from bench.server import ServerThread
+from bench.targets.hooks import POISON_MARKER
+from bench.trace import Trajectory, open_trace
+from bench.trace.shipped import shipped_trace
 from faults import FAULTS, plan_from_specs
 from tests.server_helpers import request
 

@@ -19,11 +19,11 @@ import pytest
 import bench.server  # noqa: F401
 from bench.cli import main as cli_main
 from bench.invariants import Violation
-from bench.known import KnownFinding, KnownFindingsError, load_known, resolve_known, shipped_known
+from bench.orchestration.known import KnownFinding, KnownFindingsError, load_known, resolve_known, shipped_known
+from bench.orchestration.repro import load_repro, write_repro
+from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.report import write_report
 from bench.report.summary import format_summary
-from bench.repro import load_repro, write_repro
-from bench.runner import RunConfig, RunResult, run
 from tests.plans_for_tests import POISON_PLAN
 
 pytest_plugins = ["pytester"]

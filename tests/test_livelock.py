@@ -17,7 +17,7 @@ import pytest
 
 from bench.isolation.process import worker_env
 from bench.isolation.warm_client import RUNTIME_ENV, start_warm
-from bench.runner import RunConfig, RunResult, run
+from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.synth import synthesize
 from tests.process_helpers import running, wait_until_gone
 

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from bench.cli import build_parser
-from bench.hypothesis_profiles import NIGHTLY, resolve
-from bench.paths import resolve_trace
 from bench.targets import resolve_target
+from bench.testing.hypothesis_profiles import NIGHTLY, resolve
+from bench.trace.shipped import resolve_trace
 from faults import resolve_plan
 from tests.plans_for_tests import POISON_PLAN
 

@@ -15,10 +15,10 @@ import aiohttp
 import openai
 import pytest
 
-from bench.paths import shipped_trace
 from bench.server import ServerThread
 from bench.server.app import BenchServer, load_context
 from bench.trace import Trajectory, open_trace
+from bench.trace.shipped import shipped_trace
 
 EOS = 1758
 CONTEXT = 4096  # rlvr-500's context length

@@ -37,13 +37,13 @@ def test_wheel_in_a_fresh_venv_loads_shipped_data(wheel: Path, tmp_path: Path) -
                                check=True, capture_output=True, text=True).stdout.strip())
     (site / "deps-from-test-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     code = (
-        "import bench, bench.paths as p\n"
+        "import bench, bench.trace.shipped as p\n"
         "from bench.trace import open_trace\n"
         "from bench.tokenizer import load_tokenizer, tokenizer_path\n"
         "print(bench.__file__); print(p.traces_dir())\n"
         "with open_trace(p.shipped_trace('rlvr-500')) as r: n = sum(1 for _ in r)\n"
         "t = load_tokenizer(); print(n, t.decode(t.encode('ok<|im_end|>')), tokenizer_path().is_dir())\n"
-        "from bench.known import resolve_known\n"
+        "from bench.orchestration.known import resolve_known\n"
         "path, findings = resolve_known('miles'); print(path, [f.invariant for f in findings])\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from provenance_targets import CHANGED, DOUBLED, ROUTES, ZEROED
 
 from bench.invariants import provenance
+from bench.orchestration.runner import RunConfig, RunResult, run_blocking
 from bench.report import load, write_report
 from bench.server import openai_answer
-from bench.runner import RunConfig, RunResult, run_blocking
 from bench.targets import TargetError
 from faults import plan_from_specs
-from provenance_targets import CHANGED, DOUBLED, ROUTES, ZEROED
 
 ROOT = Path(__file__).resolve().parent.parent
 

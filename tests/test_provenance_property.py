@@ -11,13 +11,14 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bench.invariants import RunView
 from bench.invariants.provenance import ABS_TOL, REL_TOL, assess
+from bench.records.requests import RequestLog, RequestRecord
+from bench.records.served_tokens import ServedTokens
 from bench.replay import pack
-from bench.server.request_log import RequestLog, RequestRecord
-from bench.server.served_tokens import ServedTokens
 from bench.targets import SampleRecord
 
 tokens = st.lists(st.integers(0, 30), min_size=0, max_size=8)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+import bench.orchestration.repro  # noqa: F401
+
 # Imported here, before any inner session: pytester restores sys.modules after each in-process
 # run, and numpy (under pandas) cannot be imported a second time into the same process.
 import bench.report  # noqa: F401
-import bench.repro  # noqa: F401
 import bench.server  # noqa: F401
 from tests.plans_for_tests import POISON_PLAN
 
@@ -121,7 +122,7 @@ def test_server_fixture_failure_shows_seed_and_fault_log(bench_dir: pytest.Pytes
 def test_assert_no_violations_carries_the_explanation(bench_dir: pytest.Pytester, small_agentic: Path) -> None:
     bench_dir.makepyfile(test_helper=_source("""
         import pytest
-        from bench.pytest_plugin import assert_no_violations
+        from bench.testing.pytest_plugin import assert_no_violations
 
         @pytest.mark.bench_trace(TRACE)
         @pytest.mark.bench_plan("poison.toml")

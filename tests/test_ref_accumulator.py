@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import re
+import threading
 from collections import Counter
 
 import pytest
 
 from bench.invariants import Bounds, RunView, staleness
-from bench.runner import RunConfig, RunResult, run
+from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.targets import Emit, RolloutJob, SampleRecord, TargetError, resolve_target
-from bench.targets.ref_accumulator import RefAccumulator, result_is_stale
+from bench.targets.reference.accumulator import RefAccumulator, result_is_stale
 from faults import FaultEvent, resolve_plan
 
 WATCHDOG_S = 1.5

@@ -12,12 +12,11 @@ from collections import defaultdict
 
 import pytest
 
-from bench.invariants import RunView, check_all
-from bench.invariants import group_completeness
-from bench.runner import RunConfig, RunResult, run
+from bench.invariants import RunView, check_all, group_completeness
+from bench.orchestration.runner import RunConfig, RunResult, run
+from bench.records.sample import ErrorInfo
 from bench.targets import SampleRecord, resolve_target
-from bench.targets.record import ErrorInfo
-from bench.targets.ref_replay_buffer import Batch, IncompleteGroup, RefReplayBuffer, ReplayBuffer
+from bench.targets.reference.replay_buffer import Batch, IncompleteGroup, RefReplayBuffer, ReplayBuffer
 from faults import FaultEvent, resolve_plan
 
 N = 60

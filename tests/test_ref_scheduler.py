@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 
 from bench.invariants import Bounds
-from bench.runner import RunConfig, RunResult, run
+from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.targets import resolve_target
-from bench.targets.ref_scheduler import MAX_RESCHEDULES, serialize_error, status_error, ModelError
+from bench.targets.reference.scheduler import MAX_RESCHEDULES, ModelError, serialize_error, status_error
 from faults import Plan, resolve_plan
 
 # Two groups of four; seed-003's `rate-limited-once` (429 on a first attempt, p=1/20) hits

@@ -11,13 +11,12 @@ import asyncio
 
 import pytest
 
-from bench.hooks import emit_command
-from bench.invariants import Bounds, RunView
-from bench.invariants import context_budget
-from bench.runner import RunConfig, RunResult, run
-from bench.server.request_log import RequestRecord
+from bench.invariants import Bounds, RunView, context_budget
+from bench.orchestration.runner import RunConfig, RunResult, run
+from bench.records.requests import RequestRecord
 from bench.targets import SampleRecord, TargetError, resolve_target
-from bench.targets.ref_tool_loop import RecordedTools, parse_tool_calls, tool_message
+from bench.targets.hooks import emit_command
+from bench.targets.reference.tool_loop import RecordedTools, parse_tool_calls, tool_message
 from bench.tokenizer import load_tokenizer
 from faults import Plan, plan_from_specs, resolve_plan
 

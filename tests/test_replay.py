@@ -102,9 +102,9 @@ def test_a_store_of_some_groups_holds_them_as_the_full_store_does(tmp_path) -> N
 
     import pytest
 
-    from bench.paths import shipped_trace
     from bench.replay.store import TraceStore
     from bench.trace import TraceFormatError
+    from bench.trace.shipped import shipped_trace
 
     path = shipped_trace("agentic-500")
     full = TraceStore.load(path)

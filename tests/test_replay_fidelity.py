@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from bench.invariants import Bounds, RunView, replay_fidelity
+from bench.orchestration.runner import RunConfig, RunResult, run_blocking
+from bench.records.requests import RequestRecord
 from bench.report import format_summary, write_report
-from bench.runner import RunConfig, RunResult, run_blocking
-from bench.server.request_log import RequestRecord
 from faults import FaultEvent, resolve_plan
 
 OWN_LOOP = "tests.fidelity_targets:OwnLoop"

@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.repro import Budget, Reproducer, Signature, candidate_config, load_repro, write_config, write_repros
-from bench.runner import RunConfig, RunResult, run_blocking
+from bench.orchestration.repro import (
+    Budget,
+    Reproducer,
+    Signature,
+    candidate_config,
+    load_repro,
+    write_config,
+    write_repros,
+)
+from bench.orchestration.runner import RunConfig, RunResult, run_blocking
 from faults import Plan, plan_from_specs, resolve_plan
 
 STALE_RETRIED = "g00027-1"  # seed-004 on agentic-500: aborted, then resubmitted with its old tokens (client-side)

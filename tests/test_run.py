@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.invariants import INVARIANTS
+from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.report import load, write_report
-from bench.runner import RunConfig, RunResult, run
 from faults import resolve_plan
 
 POISONED = "g00120-3"  # the trajectory seed-000's plan hits in agentic-500
@@ -106,7 +106,7 @@ def test_run_command_exit_status_and_report(tmp_path: Path) -> None:
 
 
 def test_repro_file_reproduces_the_crash_on_one_trajectory(unfixed: RunResult, tmp_path: Path) -> None:
-    from bench.repro import load_repro, write_repro
+    from bench.orchestration.repro import load_repro, write_repro
 
     path = write_repro(unfixed, tmp_path / "repro.toml")
     assert path is not None
@@ -126,7 +126,7 @@ def test_repro_file_reproduces_the_crash_on_one_trajectory(unfixed: RunResult, t
 
 _SIDE_WORK_SCRIPT = """
 import asyncio, json, time
-from bench.runner import RunConfig, run
+from bench.orchestration.runner import RunConfig, run
 from faults import resolve_plan
 
 ended = []

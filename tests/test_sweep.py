@@ -16,11 +16,10 @@ import pytest
 from bench.cli import main
 from bench.report import load
 from bench.report.intervals import wilson
-from bench.sweep_grid import SweepError, at_rate, build_grid, parse_rates
-from faults.plan import plan_to_toml
-from bench.sweep_table import Finished, outcome_of
+from bench.sweep.grid import SweepError, at_rate, build_grid, parse_rates
+from bench.sweep.table import Finished, outcome_of
 from faults import resolve_plan, shipped_plans
-from faults.plan import parse_plan
+from faults.plan import parse_plan, plan_to_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.paths import SHIPPED_TRACES, shipped_trace
 from bench.synth import SynthError, synthesize
 from bench.synth.agentic import TOOLS
 from bench.tokenizer import load_tokenizer
 from bench.trace import Trajectory, open_trace, validate_trace
+from bench.trace.shipped import SHIPPED_TRACES, shipped_trace
 
 tok = load_tokenizer()
 

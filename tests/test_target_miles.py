@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from bench.hooks import POISON_MARKER
 from bench.invariants import Bounds
-from bench.repro import load_repro, write_repro
-from bench.runner import RunConfig, RunResult, run
+from bench.orchestration.repro import load_repro, write_repro
+from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.targets import SampleRecord
 from bench.targets.envs import target_python
+from bench.targets.hooks import POISON_MARKER
 from faults import Plan, resolve_plan
 
 CONTEXT = 8192  # agentic-500's context length

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from bench.runner import RunConfig, RunResult, run
+from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.targets import RolloutJob, TargetError, TrajectorySpec, resolve_target
 from bench.targets.envs import target_python
-from bench.targets.slime import PATH_ENV, Slime, checkout
-from bench.targets.slime_family import OptionError, build_args, check_options
+from bench.targets.frameworks.slime.family import OptionError, build_args, check_options
+from bench.targets.frameworks.slime.target import PATH_ENV, Slime, checkout
 from faults import Plan, resolve_plan
 from tests.slime_family_helpers import USER_REWARD
 

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from bench.invariants import Bounds
-from bench.paths import shipped_trace
-from bench.runner import RunConfig, RunResult, run
+from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.targets import SampleRecord, TargetError, resolve_target
 from bench.targets.envs import target_python
-from bench.targets.ref_scheduler import reschedules
-from bench.targets.verifiers_records import assemble
+from bench.targets.frameworks.verifiers.records import assemble
+from bench.targets.reference.scheduler import reschedules
 from bench.trace import Trajectory, open_trace
+from bench.trace.shipped import shipped_trace
 from faults import Plan, plan_from_specs, resolve_plan
 from faults.plan import make_rule
 

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from bench.strategies import trace_headers, trajectories
+from bench.testing.strategies import trace_headers, trajectories
 from bench.trace import (
     SCHEMA_VERSION,
     TraceFormatError,

@@ -7,9 +7,9 @@ import asyncio
 import json
 from pathlib import Path
 
+from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.report import write_report
 from bench.report.summary import format_summary
-from bench.runner import RunConfig, RunResult, run
 from faults import Plan, plan_from_specs
 
 TRAJECTORIES = [f"g0000{g}-{m}" for g in (0, 1) for m in range(4)]

@@ -13,11 +13,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
-from bench.report import load, write_report
-from bench.runner import RunConfig, RunResult, run_blocking
-from faults import plan_from_specs
 from verdict_targets import BAD_TRAJECTORY
+
+from bench.orchestration.runner import RunConfig, RunResult, run_blocking
+from bench.report import load, write_report
+from faults import plan_from_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 LATENCY_EVERYWHERE = "latency:ms=1,p=1,turns=0"  # a fault event on every trajectory, none altering a reply

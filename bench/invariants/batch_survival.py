@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from bench.records.sample import SampleRecord
 from faults import FaultEvent
-
-from ..targets.record import SampleRecord
 
 from .base import RunView, Violation
 from .root_cause import RootCause, excuses, root_cause

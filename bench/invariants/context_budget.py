@@ -14,7 +14,8 @@ import re
 from dataclasses import asdict
 from typing import Any
 
-from ..server.request_log import RequestRecord
+from bench.records.requests import RequestRecord
+
 from .base import RunView, Violation, preceding
 
 NAME = "context_budget"

@@ -1,6 +1,6 @@
 """Provenance: every token a sample trains on is a token the server served to it, in order, from its final attempt.
 
-Reads only the sample records and what the server served (`bench.server.served_tokens`). For each
+Reads only the sample records and what the server served (`bench.records.served_tokens`). For each
 sample the tokens under loss mask 1 must be, in order, the turns served along its trajectory's final
 attempt (the chain of requests its last request continued), each turn whole; a truncated sample may
 stop early within its last trained turn. A turn may be left out of training: before the first trained
@@ -27,9 +27,10 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
 
-from ..server.served_tokens import ServedEntry, ServedTokens
-from ..targets.base import RETOKENIZED
-from ..targets.record import SampleRecord
+from bench.records.sample import SampleRecord
+from bench.records.served_tokens import ServedEntry, ServedTokens
+from bench.targets.base import RETOKENIZED
+
 from .base import RunView, Violation, preceding
 
 NAME = "provenance"

@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.records.requests import RequestRecord
 from faults import FaultEvent
 
-from ..server.request_log import RequestRecord
 from .base import RunView, Violation
 
 NAME = "replay_fidelity"

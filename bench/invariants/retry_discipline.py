@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ..server.request_log import RequestRecord
+from bench.records.requests import RequestRecord
+
 from .base import RunView, Violation, preceding
 from .churn import measure_churn
 

@@ -1,6 +1,6 @@
 """The root cause of a crash: what raised, and whether an injected fault reached the trajectory that raised it.
 
-The trajectory comes from the exception itself (`ErrorInfo.trajectory`, stamped by `bench.attribution`
+The trajectory comes from the exception itself (`ErrorInfo.trajectory`, stamped by `bench.records.attribution`
 from the context the raising code ran in), never from the fault log: the fault log only answers
 whether a fault reached that trajectory. A crash on a trajectory no fault reached is the target
 failing on a valid reply, the worst finding of all, fail-fast policy or not.
@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bench.records.sample import ErrorInfo
 from faults import FaultEvent, alters_reply
 
-from ..fault_reach import NOT_REACHED
-from ..targets.record import ErrorInfo
+from .fault_reach import NOT_REACHED
 
 
 def excuses(event: FaultEvent) -> bool:
-    """An injected fault that can explain a failure: it altered the reply and reached the code (`bench.fault_reach`)."""
+    """An injected fault that can explain a failure: it altered the reply and reached the code (`bench.invariants.fault_reach`)."""
     return alters_reply(event.fault) and event.reach not in NOT_REACHED
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import re
 
-from ..targets.record import SampleRecord
+from bench.records.sample import SampleRecord
+
 from .base import RunView, Violation, preceding
 
 NAME = "staleness"

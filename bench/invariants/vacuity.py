@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from bench.records.sample import SampleRecord
 from faults import FaultEvent, Plan
 from faults.plan import Rule
 
-from ..targets.record import SampleRecord
 from .base import RunView, Violation
 
 NAME = "vacuity"

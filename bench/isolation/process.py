@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..targets.base import Emit, RolloutJob
-from ..targets.record import ErrorInfo
+from bench.records.sample import ErrorInfo
+from bench.targets.base import Emit, RolloutJob
+
 from .protocol import TASK_MARKER, decode, error_from_dict, job_to_json, record_from_dict
 from .warm_client import WarmProcess, fork_from_warm
 

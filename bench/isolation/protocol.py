@@ -21,10 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.records.sample import ErrorInfo, SampleRecord
+from bench.targets.base import RolloutJob, TrajectorySpec
 from faults.plan import make_rule, rule_table
-
-from ..targets.base import RolloutJob, TrajectorySpec
-from ..targets.record import ErrorInfo, SampleRecord
 
 MESSAGE_KINDS = ("hello", "record", "error", "done", "fatal")
 TASK_MARKER = "--- asyncio task "  # heads each task's stack in the worker's hang dump

@@ -99,7 +99,7 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> None:
 
 
 def serve(socket_path: Path, spec: str, options: dict[str, Any], idle_s: float) -> int:
-    from ..targets import resolve_target
+    from bench.targets import resolve_target
 
     target = resolve_target(spec)
     warm_up = getattr(target, "warm_up", None)

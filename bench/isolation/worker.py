@@ -32,8 +32,9 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .. import attribution
-from ..targets.record import ErrorInfo, SampleRecord
+from bench.records import attribution
+from bench.records.sample import ErrorInfo, SampleRecord
+
 from .lifeline import Lifeline, die_with_parent
 from .protocol import TASK_MARKER, encode, error_to_dict, job_from_json, record_to_dict
 
@@ -74,7 +75,7 @@ def _dump_tasks(stacks_path: Path, worker_task: asyncio.Task[Any] | None) -> Non
 
 async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], stacks_path: Path,
                lifeline: Lifeline) -> int:
-    from ..targets import resolve_target, tokens_source_of
+    from bench.targets import resolve_target, tokens_source_of
 
     try:
         target = resolve_target(target_spec)

@@ -13,7 +13,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tokenizer import ByteBPETokenizer
+from bench.tokenizer import ByteBPETokenizer
+
 from .identify import Identity
 from .store import RecordedTurn
 

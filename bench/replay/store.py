@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..trace import TraceFormatError, TraceHeader, TraceReader, Trajectory, open_trace
+from bench.trace import TraceFormatError, TraceHeader, TraceReader, Trajectory, open_trace
 
 INT32 = 4
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..runner import RunResult
+from bench.orchestration.runner import RunResult
+
 from .junit import write_junit
 from .plots import write_plots
 from .served import SERVED_FILE, ServedArrays
@@ -67,7 +68,7 @@ def load(folder: str | Path) -> dict[str, Any]:
 def load_sweep(folder: str | Path) -> dict[str, Any]:
     """A sweep's folder: `runs` (one row per run; `report` is the run's folder, for `load`), `faults`
     (per run and fault type) and `summary` (the sweep's grid, options and outcome counts)."""
-    from ..sweep_table import load_sweep as read_sweep  # here: the sweep's tables import this package
+    from bench.sweep.table import load_sweep as read_sweep  # here: the sweep's tables import this package
 
     return read_sweep(folder)
 

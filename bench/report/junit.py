@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from ..invariants import INVARIANTS, Violation
-from ..runner import RunResult
+from bench.invariants import INVARIANTS, Violation
+from bench.orchestration.runner import RunResult
 
 
 def _tracebacks(violations: list[Violation]) -> str:

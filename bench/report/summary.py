@@ -9,14 +9,15 @@ from typing import Any
 
 import pandas as pd
 
-from .. import __version__
-from ..invariants.batch_survival import fail_closed_on
-from ..invariants.provenance import LOGPROB_TOLERANCE
-from ..invariants.root_cause import root_cause
-from ..invariants.vacuity import reach
-from ..invariants.replay_fidelity import describe as describe_fidelity, measure as measure_fidelity
-from ..runner import RunResult
-from ..targets import DROPPED_OUTCOMES, OUTCOMES
+from bench import __version__
+from bench.invariants.batch_survival import fail_closed_on
+from bench.invariants.provenance import LOGPROB_TOLERANCE
+from bench.invariants.replay_fidelity import describe as describe_fidelity
+from bench.invariants.replay_fidelity import measure as measure_fidelity
+from bench.invariants.root_cause import root_cause
+from bench.invariants.vacuity import reach
+from bench.orchestration.runner import RunResult
+from bench.targets import DROPPED_OUTCOMES, OUTCOMES
 
 
 def _versions() -> dict[str, str]:
@@ -131,10 +132,10 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "fidelity": fidelity.to_dict(result.config.bounds.max_drift_share),
         "violations": [v.to_dict() for v in result.violations],
         "violated_invariants": sorted({v.invariant for v in result.violations}),
-        # violations a known-findings file declared (reported, not failures): `bench.known`
+        # violations a known-findings file declared (reported, not failures): `bench.orchestration.known`
         "known_violations": [k.to_dict() for k in result.known_violations],
         "known_file": result.known_file,
-        "repros": [],  # the verified repros, added once they are (`bench.repro`, by the command line)
+        "repros": [],  # the verified repros, added once they are (`bench.orchestration.repro`, by the command line)
         # rules that never fired: not reached (the target stopped first) or never matched (a violation)
         "vacuity": vars(reach(plan, result.fault_events, result.records)),
         # did each sample train on what it was served (the provenance invariant), per check and per fault type

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..fault_reach import NOT_REACHED
-from ..runner import RunResult
-from ..server.request_log import COLUMNS as REQUEST_COLUMNS
+from bench.invariants.fault_reach import NOT_REACHED
+from bench.orchestration.runner import RunResult
+from bench.records.requests import COLUMNS as REQUEST_COLUMNS
 from faults.log import COLUMNS as FAULT_COLUMNS
 
 TABLES = ("trajectories", "requests", "faults")
@@ -22,7 +22,7 @@ def _names_by_trajectory(faults: pd.DataFrame) -> dict[str, str]:
 
 
 def frames(result: RunResult) -> dict[str, pd.DataFrame]:
-    """`faults` in the trajectories table names only the faults that reached the code (`bench.fault_reach`):
+    """`faults` in the trajectories table names only the faults that reached the code (`bench.invariants.fault_reach`):
     drop rates by fault type are computed from it; `faults_not_reached` names the others."""
     faults = pd.DataFrame([asdict(e) for e in result.fault_events], columns=FAULT_COLUMNS)
     reached = ~faults["reach"].isin(NOT_REACHED)

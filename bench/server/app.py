@@ -11,17 +11,17 @@ from typing import Any
 
 from aiohttp import web
 
+from bench.records.requests import RequestLog, RequestRecord
+from bench.replay import TraceStore
+from bench.tokenizer import TOKENIZER_NAME, load_tokenizer
+from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan, resolve_plan
 
-from ..paths import DEFAULT_TRACE, resolve_trace
-from ..replay import TraceStore
-from ..tokenizer import TOKENIZER_NAME, load_tokenizer
 from . import native
 from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
 from .profiles import DEFAULT_PROFILE, get_profile
-from .request_log import RequestLog, RequestRecord
 from .router import GENERATION_ROUTES, add_router_routes
 from .served import add_served_headers
 

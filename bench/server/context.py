@@ -7,16 +7,14 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from bench.records.requests import RequestLog
+from bench.records.served_tokens import ServedTokens
+from bench.replay import GenerateParams, Generation, Identifier, Identity, TraceStore, build_generation, pack
+from bench.tokenizer import ByteBPETokenizer
 from faults import Exchange, FaultEngine, FaultEvent, Plan, Rule, Target
 
-from ..replay import GenerateParams, Generation, Identifier, Identity, TraceStore, build_generation, pack
-from ..tokenizer import ByteBPETokenizer
 from .profiles import SglangProfile
-from .request_log import RequestLog
-from .served_tokens import ServedTokens
 from .state import ServerState
-
-TRAJECTORY_HEADER = "X-Bench-Trajectory"
 
 
 @dataclass(frozen=True)

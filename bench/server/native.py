@@ -8,15 +8,16 @@ from typing import Any
 
 from aiohttp import web
 
+from bench.records.attribution import TRAJECTORY_HEADER
+from bench.records.requests import RequestRecord
+from bench.replay import Generation, context_error
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
 
-from ..replay import Generation, context_error
 from . import transport, wire
-from .context import TRAJECTORY_HEADER, ServerContext, context_of
+from .context import ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
 from .playback import Choice, identified, new_record, play, reject
-from .request_log import RequestRecord
 
 
 class _Rejection(ValueRejected):

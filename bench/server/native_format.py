@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from bench.replay import Generation
+from bench.tokenizer import ByteBPETokenizer
 from faults.exchange import Exchange
 
-from ..replay import Generation
-from ..tokenizer import ByteBPETokenizer
 from .native_request import NativeRequest
 from .profiles import SglangProfile
 

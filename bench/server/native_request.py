@@ -14,8 +14,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from ..replay import GenerateParams
-from ..tokenizer import ByteBPETokenizer
+from bench.replay import GenerateParams
+from bench.tokenizer import ByteBPETokenizer
+
 from . import wire
 from .profiles import SglangProfile
 

@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.replay import Generation
+from bench.tokenizer import ByteBPETokenizer
 from faults import Exchange
 
-from ..replay import Generation
-from ..tokenizer import ByteBPETokenizer
 from .openai_request import OpenAIRequest
 
 SENTINEL = -9999.0  # vLLM's clamp for -inf and its default for a missing logprob

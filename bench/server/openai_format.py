@@ -15,7 +15,8 @@ import secrets
 import time
 from typing import Any
 
-from ..tokenizer import ByteBPETokenizer
+from bench.tokenizer import ByteBPETokenizer
+
 from .openai_answer import Cursor, Settled, clamp, token_text, usage
 from .openai_request import OpenAIRequest
 

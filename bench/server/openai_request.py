@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from ..replay import GenerateParams
-from ..tokenizer import ByteBPETokenizer
+from bench.replay import GenerateParams
+from bench.tokenizer import ByteBPETokenizer
 
 SCHEMA = "Bad Request"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # vLLM's and SGLang's CompletionRequest / SamplingParams default

@@ -23,12 +23,13 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from bench.records.attribution import TRAJECTORY_HEADER
+from bench.replay import Generation, context_error
+from bench.tokenizer import ByteBPETokenizer
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Replacement, Rule, forced_rules
 
-from ..replay import Generation, context_error
-from ..tokenizer import ByteBPETokenizer
 from . import transport, wire
-from .context import TRAJECTORY_HEADER, ServerContext, context_of
+from .context import ServerContext, context_of
 from .openai_answer import settle
 from .openai_format import OpenAIFormatter
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate

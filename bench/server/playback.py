@@ -16,11 +16,11 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
+from bench.records.requests import RequestRecord
+from bench.replay import Generation, pack
 from faults import Exchange
 
-from ..replay import Generation, pack
 from .context import ServerContext
-from .request_log import RequestRecord
 from .served import SERVED_KEY
 from .state import Pacer
 

@@ -1,6 +1,6 @@
 """Answer headers that name what the server served: the trajectory, turn, attempt and request id.
 
-The target's worker reads them on every answer (`bench.attribution`) to know which trajectory the
+The target's worker reads them on every answer (`bench.records.attribution`) to know which trajectory the
 code that receives the answer is working for; an exception raised there is then attributed to that
 trajectory, not guessed from the fault log. A request carrying several identified trajectories (a
 batched `/generate`, an `n > 1` completion) names none: its answer belongs to no single one.
@@ -12,7 +12,12 @@ from typing import Any
 
 from aiohttp import web
 
-from ..attribution import SERVED_ATTEMPT_HEADER, SERVED_REQUEST_HEADER, SERVED_TRAJECTORY_HEADER, SERVED_TURN_HEADER
+from bench.records.attribution import (
+    SERVED_ATTEMPT_HEADER,
+    SERVED_REQUEST_HEADER,
+    SERVED_TRAJECTORY_HEADER,
+    SERVED_TURN_HEADER,
+)
 
 # the request's log records, in the order they were identified (a typed key where aiohttp has them)
 SERVED_KEY: Any = web.RequestKey("rollout_bench_served", list) if hasattr(web, "RequestKey") else "rollout_bench_served"

@@ -9,10 +9,11 @@ from typing import Callable, Iterator
 
 from faker import Faker
 
-from .. import __version__
-from ..progress import progress
-from ..tokenizer import TOKENIZER_NAME, ByteBPETokenizer, load_tokenizer
-from ..trace import SCHEMA_VERSION, TokenizerInfo, TraceHeader, TraceSource, Trajectory, TraceWriter
+from bench import __version__
+from bench.orchestration.progress import progress
+from bench.tokenizer import TOKENIZER_NAME, ByteBPETokenizer, load_tokenizer
+from bench.trace import SCHEMA_VERSION, TokenizerInfo, TraceHeader, TraceSource, TraceWriter, Trajectory
+
 from . import agentic, rlvr
 from .common import SYNTH_MODEL
 

@@ -16,8 +16,9 @@ from typing import Iterator
 
 from faker import Faker
 
-from ..tokenizer import ByteBPETokenizer
-from ..trace import Latency, Prompt, Request, Response, ResponseError, ToolCall, ToolOutput, Trajectory, Turn
+from bench.tokenizer import ByteBPETokenizer
+from bench.trace import Latency, Prompt, Request, Response, ResponseError, ToolCall, ToolOutput, Trajectory, Turn
+
 from .common import GroupRandom, completion, sampling_params, sentences_of_about
 
 DEFAULT_CONTEXT_LENGTH = 8192

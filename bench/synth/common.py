@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from faker import Faker
 
-from ..tokenizer import ByteBPETokenizer
-from ..trace import Latency, Response
+from bench.tokenizer import ByteBPETokenizer
+from bench.trace import Latency, Response
 
 SYNTH_MODEL = "rollout-bench/synthetic"
 

@@ -11,8 +11,9 @@ from typing import Iterator
 
 from faker import Faker
 
-from ..tokenizer import ByteBPETokenizer
-from ..trace import Prompt, Request, Trajectory, Turn
+from bench.tokenizer import ByteBPETokenizer
+from bench.trace import Prompt, Request, Trajectory, Turn
+
 from .common import GroupRandom, completion, sampling_params, sentences_of_about
 
 SYSTEM = "Solve the problem step by step. Put the final answer in \\boxed{}."

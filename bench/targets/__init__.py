@@ -10,19 +10,20 @@ import importlib
 import sys
 from typing import Any, Callable
 
+from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES, ErrorInfo, SampleRecord
+
 from .base import SERVED, TOKENS_SOURCES, Emit, RolloutJob, TargetAdapter, TrajectorySpec
-from .record import DROPPED_OUTCOMES, OUTCOMES, ErrorInfo, SampleRecord
 
 # Built-in targets: name -> "module:class", imported on first use (each is called with its variant).
 REGISTRY: dict[str, str] = {
-    "ref-gather": "bench.targets.ref_gather:RefGather",
-    "ref-accumulator": "bench.targets.ref_accumulator:RefAccumulator",
-    "ref-replay-buffer": "bench.targets.ref_replay_buffer:RefReplayBuffer",
-    "ref-scheduler": "bench.targets.ref_scheduler:RefScheduler",
-    "ref-tool-loop": "bench.targets.ref_tool_loop:RefToolLoop",
-    "verifiers": "bench.targets.verifiers_env:VerifiersTarget",
-    "miles": "bench.targets.miles:MilesTarget",
-    "slime": "bench.targets.slime:SlimeTarget",
+    "ref-gather": "bench.targets.reference.gather:RefGather",
+    "ref-accumulator": "bench.targets.reference.accumulator:RefAccumulator",
+    "ref-replay-buffer": "bench.targets.reference.replay_buffer:RefReplayBuffer",
+    "ref-scheduler": "bench.targets.reference.scheduler:RefScheduler",
+    "ref-tool-loop": "bench.targets.reference.tool_loop:RefToolLoop",
+    "verifiers": "bench.targets.frameworks.verifiers.target:VerifiersTarget",
+    "miles": "bench.targets.frameworks.miles.target:MilesTarget",
+    "slime": "bench.targets.frameworks.slime.target:SlimeTarget",
 }
 DEFAULT_TARGET = "ref-gather:unfixed"
 

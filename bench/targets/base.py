@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from bench.records.sample import SampleRecord
 from faults import Rule
-
-from .record import SampleRecord
 
 Emit = Callable[[SampleRecord], None]
 

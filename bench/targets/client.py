@@ -6,7 +6,8 @@ from typing import Any
 
 import aiohttp
 
-from ..server.context import TRAJECTORY_HEADER
+from bench.records.attribution import TRAJECTORY_HEADER
+
 from .base import TrajectorySpec
 
 

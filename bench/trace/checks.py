@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
-from ..tokenizer import ByteBPETokenizer
+from bench.tokenizer import ByteBPETokenizer
+
 from .schema import SCHEMA_VERSION, Response, TraceHeader, Trajectory, Turn
 
 Issue = tuple[str, str]

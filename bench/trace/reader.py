@@ -14,10 +14,11 @@ from typing import IO, Iterator
 
 import msgspec
 
-from ..tokenizer import TOKENIZER_NAME, ByteBPETokenizer, load_tokenizer
+from bench.tokenizer import TOKENIZER_NAME, ByteBPETokenizer, load_tokenizer
+
 from .checks import check_header, check_schema_version, check_tokenization, check_trajectory
 from .errors import Problem, TraceFormatError, TraceVersionError
-from .schema import Trajectory, TraceHeader, _HeaderProbe
+from .schema import TraceHeader, Trajectory, _HeaderProbe
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _LEADING_IDS = re.compile(rb'^\{"type":"trajectory","id":"([^"\\]*)","group_id":"([^"\\]*)"')

@@ -1,0 +1,343 @@
+"""`rollout-bench run`: server + target + watchdog + invariants, for one trace, plan and target.
+
+The server runs in this process on an ephemeral port; the target's rollout code runs in a
+worker process (`isolation="process"`, the default; optionally under another interpreter,
+`python=`), or as a task beside the server (`isolation="inline"`, for the reference targets'
+own tests and debugging). Whatever the target does (returns, raises, hangs, dies), the runner
+ends with one sample record per dispatched trajectory, the server's request and fault logs,
+and the violations the invariants found. Nothing the target started outlives the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from bench.invariants import Bounds, HangReport, RunView, Violation, check_all, provenance
+from bench.invariants.fault_reach import with_reach
+from bench.isolation import IsolatedTarget, TargetCrashed, TargetStartError
+from bench.records import attribution
+from bench.records.requests import RequestRecord
+from bench.records.served_tokens import ServedTokens
+from bench.replay.store import RecordedTrajectory
+from bench.targets import (
+    DEFAULT_TARGET,
+    ErrorInfo,
+    RolloutJob,
+    SampleRecord,
+    TargetAdapter,
+    TrajectorySpec,
+    check_target_spec,
+    resolve_target,
+    tokens_source_of,
+)
+from bench.targets.envs import target_python
+from bench.tokenizer import tokenizer_path
+from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
+from faults import FaultEvent, Plan
+
+from .known import KnownViolation, resolve_known, split
+from .progress import progress_bar
+
+DEFAULT_PLAN = "seed-000"
+ISOLATIONS = ("process", "inline")
+
+
+@dataclass
+class RunConfig:
+    trace: str = DEFAULT_TRACE
+    plan: Plan | None = None
+    target: str = DEFAULT_TARGET
+    n: int | None = None
+    trajectories: list[str] | None = None  # run only these (repro files)
+    concurrency: int = 64
+    time_scale: float = 0.0
+    watchdog_s: float = 30.0  # seconds without a finished sample or a newly answered turn: a hang or a livelock
+    deadline_s: float = 3600.0  # any run ends after this many seconds (its start-up included): a liveness violation
+    startup_s: float = 300.0  # a worker's interpreter start and framework imports (not counted as a hang)
+    invariants: list[str] | None = None
+    bounds: Bounds = field(default_factory=Bounds)
+    server_options: dict[str, Any] = field(default_factory=dict)
+    target_options: dict[str, Any] = field(default_factory=dict)  # handed to the target as `job.options`
+    isolation: str = "process"  # "process": a worker process per run; "inline": a task in this process
+    python: str | None = None  # the worker's interpreter (default: the target's built environment, else this one)
+    worker_log: str | None = None  # where the worker's stderr goes (default: a temp file)
+    warm: bool = True  # fork the worker from a warm worker (`rollout-bench worker`) when one runs for the target
+    known: str | None = None  # known findings (`bench.orchestration.known`): a shipped name or a TOML path
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"isolation {self.isolation!r} is not one of {', '.join(ISOLATIONS)}")
+        if self.python is not None and self.isolation != "process":
+            raise ValueError("python= needs isolation='process': another interpreter means another process")
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    target: str
+    trace_path: str
+    context_length: int
+    records: list[SampleRecord]
+    requests: list[RequestRecord]
+    fault_events: list[FaultEvent]
+    violations: list[Violation]
+    batch_error: ErrorInfo | None
+    hang: HangReport | None
+    started: float
+    duration_s: float
+    orphans_cancelled: int
+    isolation: str = "inline"
+    worker: dict[str, Any] | None = None  # the worker process: interpreter, pid, CPU time, versions, log
+    bench_cpu_s: float = 0.0  # CPU this process (server, checks; the target too when inline) used during the run
+    target_returned_at: float | None = None  # unix time the rollout returned or raised
+    known_violations: list[KnownViolation] = field(default_factory=list)  # matched a known finding: not failures
+    known_file: str | None = None
+    recorded_outcomes: dict[str, str | None] = field(default_factory=dict)  # the trace's outcome per trajectory
+    served: ServedTokens | None = None  # what each identified request was served, token by token
+    provenance: dict[str, str] = field(default_factory=dict)  # per trajectory: the provenance check's verdict
+    tokens_source: str = "served"  # the target's declaration: "retokenized" when its framework re-tokenises text
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _spec(trajectory: RecordedTrajectory) -> TrajectorySpec:
+    prompt = list(array("i", trajectory.sequences[0][: trajectory.prompt_len * 4]))
+    return TrajectorySpec(trajectory.id, trajectory.group_id, prompt, trajectory.prompt_text,
+                          trajectory.prompt_messages, trajectory.prompt_tools, dict(trajectory.first_sampling_params),
+                          len(trajectory.turns))
+
+
+async def _started(task: asyncio.Task[None], target: TargetAdapter, limit_s: float) -> bool:
+    """Wait until an isolated target's worker loaded it; False if it did not within `limit_s` seconds."""
+    if not isinstance(target, IsolatedTarget):
+        return True
+    ready = asyncio.create_task(target.started.wait())
+    await asyncio.wait({task, ready}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+    ready.cancel()
+    return task.done() or target.started.is_set()
+
+
+def _stack(task: asyncio.Task[Any]) -> str:
+    buffer = io.StringIO()
+    task.print_stack(file=buffer)
+    return buffer.getvalue()
+
+
+async def _cancel(tasks: set[asyncio.Task[Any]], timeout: float = 10.0) -> None:
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+
+
+def _target(config: RunConfig) -> TargetAdapter:
+    if config.isolation == "inline":
+        return resolve_target(config.target)
+    check_target_spec(config.target)  # a typo fails here, not after a worker started
+    python = config.python or target_python(config.target)
+    return IsolatedTarget(config.target, python, config.worker_log, warm=config.warm)
+
+
+def _loss_cause(trajectory: str, batch_error: ErrorInfo | None, hang: HangReport | None) -> ErrorInfo:
+    """Why a trajectory never came back; the full traceback goes only to the trajectory that raised."""
+    if batch_error is not None:
+        if batch_error.trajectory == trajectory:
+            return batch_error
+        return ErrorInfo(batch_error.type, batch_error.message, "", batch_error.trajectory)
+    if hang is not None:
+        return _stall_cause(hang)
+    return ErrorInfo("Missing", "the target returned no record", "")
+
+
+def _batch_error(error: BaseException) -> ErrorInfo:
+    if isinstance(error, TargetCrashed):
+        return error.info  # the original exception, as the worker saw it
+    return ErrorInfo.of(error)
+
+
+async def run(config: RunConfig, *, show_progress: bool = False,
+              while_starting: Callable[[], None] | None = None) -> RunResult:
+    """Run one bench scenario to the end, whatever the target does.
+
+    `while_starting` runs on a thread while the worker imports the target (the command line loads its
+    report writer there): on a framework that takes seconds to import, that time is otherwise idle."""
+    known = resolve_known(config.known) if config.known else None  # a bad file fails before any worker starts
+    target: TargetAdapter = _target(config)
+    started, clock, cpu = time.time(), time.monotonic(), time.process_time()
+    if isinstance(target, IsolatedTarget):
+        # its imports overlap the trace loading below; the trace's path lets it skip what the trace won't need
+        await target.start({"trace": str(resolve_trace(config.trace).resolve()), **config.target_options})
+    side_work = _SideWork(while_starting) if while_starting else None
+    try:
+        result = await _run_with(target, config, started, clock, side_work.cpu_s if side_work else lambda: 0.0, cpu,
+                                 show_progress)
+        if known is not None:
+            result.violations, result.known_violations = split(result.violations, known[1], result.target,
+                                                                result.recorded_outcomes)
+            result.known_file = str(known[0])
+        return result
+    finally:
+        if side_work is not None:
+            await side_work.wait()
+        if isinstance(target, IsolatedTarget):
+            await target.close()
+
+
+class _SideWork:
+    """Work on its own thread while the worker starts; the CPU it takes is not the bench's overhead."""
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+        self._final_cpu_s: float | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name="rollout-bench side work", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as error:  # noqa: BLE001 - re-raised by `wait`, in the run's task
+            self._error = error
+        finally:
+            self._final_cpu_s = time.thread_time()
+
+    def cpu_s(self) -> float:
+        if self._final_cpu_s is not None:
+            return self._final_cpu_s
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident or 0))
+        except (OSError, AttributeError):  # it ended meanwhile, or the platform has no per-thread clocks
+            return self._final_cpu_s or 0.0
+
+    async def wait(self) -> None:
+        await asyncio.to_thread(self._thread.join)
+        if self._error is not None:
+            raise self._error
+
+
+async def _run_with(target: TargetAdapter, config: RunConfig, started: float, clock: float,
+                    side_cpu_s: Callable[[], float], cpu: float, show_progress: bool) -> RunResult:
+    from bench.server import BenchServer  # after the worker's start: aiohttp's server is a few hundred ms to import
+
+    from .watchdog import DEADLINE, HANG, ServedTurns, Stall, watch
+
+    async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
+                           groups_of=config.trajectories, **config.server_options) as server:
+        store = server.context.store
+        chosen = store.trajectories if config.trajectories is None else [
+            store.by_id[t] for t in config.trajectories]
+        chosen = chosen[: config.n] if config.n is not None else chosen
+        specs = [_spec(t) for t in chosen]
+        server.context.identifier.dispatched = frozenset(s.id for s in specs)
+        plan = config.plan
+        job = RolloutJob(server.url, specs, store.header.context_length, tokenizer_path(), config.concurrency,
+                         plan.seed if plan else 0, [r for r in (plan.rules if plan else ()) if not r.fault.server_side],
+                         {"trace": str(store.path), **config.target_options})
+        records: dict[str, SampleRecord] = {}
+        emitted: dict[str, int] = {}
+        bar = progress_bar(total=len(specs), desc=target.name, enabled=show_progress)
+        accepting = True
+
+        def emit(record: SampleRecord) -> None:
+            if not accepting:
+                return  # an orphan reporting after the rollout ended: the framework threw it away
+            emitted[record.trajectory] = emitted.get(record.trajectory, 0) + 1
+            if record.trajectory not in records:
+                records[record.trajectory] = record
+                bar.update(1)
+
+        if not isinstance(target, IsolatedTarget):
+            attribution.install()  # an inline target's exceptions name the trajectory that raised them
+        before = asyncio.all_tasks()
+        task = asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
+        deadline = clock + config.deadline_s
+        startup_limit = min(config.startup_s, max(0.0, deadline - time.monotonic()))
+        started_in_time = await _started(task, target, startup_limit)
+        server.context.faults.start_clock()  # `server_start` windows count from here (the rest: the first request)
+        served = ServedTurns(server.log, store)
+
+        def progress() -> tuple[int, int]:
+            """Finished work (samples emitted, recorded turns answered), and the generate requests received."""
+            turns, requests = served.update()
+            return len(records) + turns, requests
+
+        stall = await watch(task, progress, config.watchdog_s, deadline) if started_in_time else \
+            Stall(DEADLINE if startup_limit < config.startup_s else HANG, startup_limit, 0)
+        hung = stall is not None
+        idle_s = config.watchdog_s if started_in_time else config.startup_s
+        returned_at = None if hung else time.time()
+        accepting = False
+        bar.close()
+        hang = batch_error = None
+        if stall is not None:
+            if isinstance(target, IsolatedTarget):
+                stacks = await target.dump_stacks()
+            else:
+                stacks = [_stack(t) for t in asyncio.all_tasks() - before
+                          if not t.done() and t is not asyncio.current_task()]
+            hang = HangReport(stall.idle_s if stall.kind == DEADLINE else idle_s, stacks, stall.kind,
+                              stall.requests_in_window, round(stall.idle_s, 3),
+                              config.deadline_s if stall.kind == DEADLINE else None)
+        elif isinstance(task.exception(), TargetStartError):
+            raise task.exception()  # type: ignore[misc]
+        elif task.exception() is not None:
+            batch_error = _batch_error(task.exception())  # type: ignore[arg-type]
+        if hung:
+            await _cancel({task})  # an isolated target's worker is killed, group and all
+        orphans = {t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()}
+        await _cancel(orphans)
+        isolated = target if isinstance(target, IsolatedTarget) else None
+        for spec in specs:
+            if spec.id not in records:
+                records[spec.id] = SampleRecord(spec.id, spec.group, "lost", error=_loss_cause(spec.id, batch_error, hang),
+                                                prompt_length=len(spec.prompt_ids))
+        duration = time.monotonic() - clock
+        ordered = [records[s.id] for s in specs]
+        requests = list(server.log.records)
+        events = with_reach(list(server.context.faults.log.events), requests, ordered, batch_error,
+                            server.context.faults.consumed, server.context.tokenizer)
+        tokenizer = server.context.tokenizer
+        view = RunView(ordered, requests, events, plan,
+                       {s.id: s.group for s in specs}, store.header.context_length, target.fail_fast,
+                       batch_error, hang, duration, config.bounds, emitted, server.context.served,
+                       tokens_source_of(target), lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        violations = check_all(view, config.invariants)
+        return RunResult(config, target.name, str(store.path), store.header.context_length, ordered,
+                         view.requests, view.fault_events, violations, batch_error, hang, started, duration,
+                         isolated.leaked_tasks if isolated else len(orphans), config.isolation,
+                         isolated.describe() if isolated else None, time.process_time() - cpu - side_cpu_s(),
+                         isolated.returned_at if isolated else returned_at,
+                         recorded_outcomes={t.id: t.recorded_outcome for t in chosen}, served=view.served,
+                         provenance={t: a.label for t, a in provenance.assess(view).items()},
+                         tokens_source=view.tokens_source)
+
+
+def _stall_cause(hang: HangReport) -> ErrorInfo:
+    """What a trajectory lost to a stall is marked with."""
+    if hang.kind == "livelock":
+        return ErrorInfo("Livelock", f"requests flowed but nothing finished for {hang.idle_s:g} s", "")
+    if hang.kind == "deadline":
+        return ErrorInfo("Deadline", f"the run reached its {hang.deadline_s:g} s deadline", "")
+    return ErrorInfo("Hang", f"no progress for {hang.idle_s:g} s", "")
+
+
+def run_blocking(config: RunConfig) -> RunResult:
+    """`run` from synchronous code, also when an event loop already runs in this thread (an async test)."""
+    import concurrent.futures
+
+    try:
+        asyncio.get_running_loop()
+        in_a_loop = True
+    except RuntimeError:
+        in_a_loop = False
+    if not in_a_loop:  # outside the `except`: the run's own exceptions must not chain to this RuntimeError
+        return asyncio.run(run(config))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run(config)).result()

@@ -1,0 +1,206 @@
+"""What the server served, token by token: the ground truth the `provenance` invariant reads.
+
+Every identified request gets an entry when it is identified and its tokens when it is played.
+Token ids and logprobs live in two flat arrays (int32, float64) shared by all requests, so a
+long run keeps a few bytes per served token and one small object per request, never a Python
+list per row.
+
+Each entry also names the request it continued (`parent`): the latest earlier request of the same
+trajectory whose whole context (prompt and served output) starts this request's prompt, which is
+how a multi-turn loop or a partial-rollout continuation grows its context. When no earlier context
+is a prefix (a chat template re-rendered the history, or the client's context drifted from what it
+was served), the latest earlier request with a shorter prompt is taken instead (`link = "earlier"`):
+the loop's previous step. Following parents from a trajectory's last request gives the tokens its
+final attempt was served, turn by turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+from .requests import RequestRecord
+
+ROOT, PREFIX, EARLIER = "root", "prefix", "earlier"
+_INT32 = 4
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def token_digest(ids: "array[int] | list[int]") -> str:
+    """A short, stable name for a token sequence (the `served_digest` column)."""
+    packed = ids.tobytes() if isinstance(ids, array) else array("i", ids).tobytes()
+    return hashlib.blake2b(packed, digest_size=8).hexdigest()
+
+
+@dataclass(slots=True)
+class ServedEntry:
+    """One identified request: where its served tokens sit in the arrays and what it continued."""
+
+    index: int  # position among the entries (arrival order)
+    record: RequestRecord
+    prompt_len: int
+    parent: int | None = None  # the entry whose context this request's prompt extends
+    root: int = 0  # the first entry of its chain (itself when it continues nothing)
+    link: str = ROOT
+    offset: int = 0  # into the token arrays, once played
+    count: int = 0  # tokens served (0: refused, queued abort, never played)
+    logprobs_shown: bool = False  # whether the answer carried logprobs at all
+    played: bool = False  # its tokens are final (a request still in flight, or refused, may not be continued)
+    context_digest: bytes = b""  # of prompt + served output, packed int32
+
+    @property
+    def trajectory(self) -> str | None:
+        return self.record.trajectory
+
+    @property
+    def context_len(self) -> int:
+        return self.prompt_len + self.count
+
+
+class ServedTokens:
+    """Append-only store of served tokens, per identified request."""
+
+    def __init__(self) -> None:
+        self.entries: list[ServedEntry] = []
+        self.ids = array("i")
+        self.logprobs = array("d")  # NaN where the answer showed no usable logprob
+        self._by_trajectory: dict[str, list[int]] = {}
+        self._by_record: dict[int, int] = {}  # id(record) -> entry index
+        # entry index -> (ids, logprobs) of its answer's logprob entries, where they disagreed with its token ids
+        self.entry_streams: dict[int, tuple[list[int], list[float]]] = {}
+        # per group: the entries whose chain starts at a request told apart from its siblings' only by arrival
+        # order, so which member's attempt it was is a guess (`Identity.by_order`)
+        self._by_family: dict[str, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def begin(self, record: RequestRecord, prompt: bytes) -> ServedEntry:
+        """Register an identified request (prompt as packed int32) and find the request it continues."""
+        entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=_digest(prompt))
+        entry.root = entry.index
+        if record.trajectory is not None:
+            siblings = self._by_trajectory.setdefault(record.trajectory, [])
+            entry.parent, entry.link = self._parent_of(siblings, prompt)
+            if entry.parent is not None:
+                entry.root = self.entries[entry.parent].root
+            siblings.append(entry.index)
+        self.entries.append(entry)
+        root = self.entries[entry.root] if entry.root != entry.index else entry
+        if root.record.by_order and root.record.group is not None:
+            self._by_family.setdefault(root.record.group, []).append(entry.index)
+        self._by_record[id(record)] = entry.index
+        record.served_tokens = 0
+        return entry
+
+    def finish(self, record: RequestRecord, prompt: list[int], ids: list[int], logprobs: list[float | None] | None,
+               weight_version: str | None,
+               entries: tuple[list[int], list[float | None]] | None = None) -> None:
+        """The tokens a played request served (a prefix when it was aborted), with the logprobs its answer showed;
+        `entries`: the ids and logprobs of its logprob entries, when a fault made them disagree with its ids."""
+        index = self._by_record.get(id(record))
+        if index is None:
+            return  # not identified through `begin` (a bench-internal request)
+        entry = self.entries[index]
+        entry.offset, entry.count, entry.played = len(self.ids), len(ids), True
+        self.ids.extend(ids)
+        entry.logprobs_shown = logprobs is not None
+        shown = logprobs or []
+        self.logprobs.extend(_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids)))
+        entry.context_digest = _digest(array("i", prompt).tobytes() + array("i", ids).tobytes())
+        if entries is not None:  # rare (a fault): kept beside the arrays, not in them
+            self.entry_streams[index] = (list(entries[0]), [_as_float(v) for v in entries[1]])
+        record.served_tokens, record.served_digest = len(ids), token_digest(ids)
+        record.weight_version = weight_version
+        record.logprobs_served = entry.logprobs_shown
+        if entry.parent is not None:
+            record.continues = self.entries[entry.parent].record.seq
+
+    def tokens(self, entry: ServedEntry) -> "array[int]":
+        return self.ids[entry.offset: entry.offset + entry.count]
+
+    def logprobs_of(self, entry: ServedEntry) -> "array[float]":
+        return self.logprobs[entry.offset: entry.offset + entry.count]
+
+    def of_trajectory(self, trajectory: str) -> list[ServedEntry]:
+        """Its requests in arrival order."""
+        return [self.entries[i] for i in self._by_trajectory.get(trajectory, [])]
+
+    def of_family(self, group: str) -> list[ServedEntry]:
+        """The group's entries whose chain starts at an identical request claimed by arrival order."""
+        return [self.entries[i] for i in self._by_family.get(group, [])]
+
+    def entry_of(self, record: RequestRecord) -> ServedEntry | None:
+        index = self._by_record.get(id(record))
+        return None if index is None else self.entries[index]
+
+    def chain(self, last: ServedEntry) -> list[ServedEntry]:
+        """The requests `last` continued, first to last: one attempt's path through the turns."""
+        path = [last]
+        while path[-1].parent is not None:
+            path.append(self.entries[path[-1].parent])
+        return path[::-1]
+
+    def nbytes(self) -> int:
+        """The served data itself: token ids and logprobs."""
+        return self.ids.itemsize * len(self.ids) + self.logprobs.itemsize * len(self.logprobs)
+
+    def write(self, path: str | Path) -> Path:
+        """The arrays as one NumPy `.npz`: `seq`, `offset`, `count` per request, `ids` and `logprobs` per token."""
+        import numpy as np
+
+        path = Path(path)
+        seq = np.array([e.record.seq for e in self.entries], dtype=np.int64)
+        offsets = np.array([e.offset for e in self.entries], dtype=np.int64)
+        counts = np.array([e.count for e in self.entries], dtype=np.int64)
+        with path.open("wb") as handle:
+            np.savez_compressed(handle, seq=seq, offset=offsets, count=counts,
+                                ids=np.frombuffer(self.ids, dtype=np.int32) if self.ids else np.zeros(0, np.int32),
+                                logprobs=np.frombuffer(self.logprobs, dtype=np.float64) if self.logprobs
+                                else np.zeros(0, np.float64))
+        return path
+
+    def _parent_of(self, siblings: list[int], prompt: bytes) -> tuple[int | None, str]:
+        """The latest earlier played request whose whole context starts `prompt`.
+
+        A context as long as the prompt continues it only if it served tokens (a partial rollout resumed after an
+        abort); one that served none is an earlier attempt at the same turn and is passed over."""
+        size = len(prompt) // _INT32
+        candidates = [i for i in reversed(siblings) if self._continuable(self.entries[i], size)]
+        shorter = [i for i in siblings if self.entries[i].played and self.entries[i].prompt_len < size]
+        latest = shorter[-1] if shorter else None  # the loop's previous step, when it is one
+        hashed: dict[int, bytes] = {}
+        for i in candidates:
+            entry = self.entries[i]
+            length = entry.context_len
+            if length not in hashed:
+                hashed[length] = _digest(prompt[: length * _INT32])
+            if hashed[length] == entry.context_digest:
+                if latest is not None and latest > i and i in self._ancestors(latest):
+                    return latest, EARLIER  # the client went on from a later step whose output it altered
+                return i, PREFIX
+        if latest is not None:  # the context was re-rendered or drifted: go on from the latest shorter prompt
+            return latest, EARLIER
+        return None, ROOT
+
+    def _ancestors(self, index: int) -> set[int]:
+        found, parent = set(), self.entries[index].parent
+        while parent is not None:
+            found.add(parent)
+            parent = self.entries[parent].parent
+        return found
+
+
+    @staticmethod
+    def _continuable(entry: ServedEntry, size: int) -> bool:
+        return entry.played and (entry.context_len < size or entry.context_len == size and entry.count > 0)
+
+
+def _as_float(value: float | None) -> float:
+    return math.nan if value is None else float(value)

@@ -1,0 +1,1 @@
+"""Sweeps: many runs over a grid of targets, plans, rates and seeds, and their table."""

@@ -1,0 +1,294 @@
+"""`rollout-bench sweep`: a grid of runs (plans × targets × fault rates × seeds), one process each.
+
+Every grid point is a `rollout-bench run` subprocess in its own session, writing its own report
+folder (`DIR/runs/<id>/`, with the `plan.toml` it ran and its output in `run.log`). A run that
+crashes, or hangs past `timeout_s` (killed with everything it started), is a row in the table
+with outcome `crashed` / `timeout`, never a lost sweep. The table (`DIR/sweep.csv`, see
+`sweep_table`) is rewritten after every run, so an interrupted sweep keeps what it finished.
+What a fault rate does to a plan is `sweep_grid`'s docstring.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable
+
+from tqdm import tqdm
+
+from bench import __version__
+from bench.invariants import INVARIANTS
+from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
+from faults import Plan
+
+from .grid import GridPoint, SweepError, build_grid, parse_plans, parse_rates, parse_seeds, parse_targets, write_plan
+from .table import RUN_OUTCOMES, Finished, run_rows, write_sweep_tables
+
+
+def default_jobs() -> int:
+    """The cores this process may use (its CPU affinity where the platform says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How each run of the grid is run (the same for all of them)."""
+
+    trace: str = DEFAULT_TRACE
+    n: int | None = None
+    time_scale: float = 0.05
+    concurrency: int = 64
+    watchdog_s: float = 30.0
+    timeout_s: float = 600.0  # per run: past it, the run and its children are killed
+    jobs: int = field(default_factory=default_jobs)
+    invariants: tuple[str, ...] | None = None  # None: all of them
+    run_args: tuple[str, ...] = ()  # more `rollout-bench run` options, passed as they are
+
+    def check(self) -> None:
+        if self.jobs < 1:
+            raise SweepError(f"--jobs {self.jobs}: needs at least 1")
+        if self.timeout_s <= 0:
+            raise SweepError(f"--timeout {self.timeout_s:g}: needs a positive number of seconds")
+        if self.n is not None and self.n < 1:
+            raise SweepError(f"--n {self.n}: needs at least 1 trajectory")
+        unknown = [name for name in self.invariants or () if name not in INVARIANTS]
+        if unknown or self.invariants == ():
+            raise SweepError(f"--invariants {','.join(self.invariants or ())!r}: unknown or none "
+                             f"({', '.join(unknown)}); valid: {', '.join(INVARIANTS)}")
+
+
+def sweep_invariants(spec: str | None) -> tuple[str, ...]:
+    """`--invariants`; by default all but vacuity: at a low rate a rule that never fired is data (the
+    `fault_events` column), not a finding against the target."""
+    if spec is None:
+        return tuple(name for name in INVARIANTS if name != "vacuity")
+    return tuple(name.strip() for name in spec.split(",") if name.strip())
+
+
+def run_command(point: GridPoint, plan_file: Path, folder: Path, options: SweepOptions) -> list[str]:
+    """The `rollout-bench run` command line of one grid point (this interpreter, `-m bench`)."""
+    command = [sys.executable, "-m", "bench", "run", "--trace", options.trace, "--plan", str(plan_file),
+               "--seed", str(point.seed), "--target", point.target, "--time-scale", f"{options.time_scale:g}",
+               "--concurrency", str(options.concurrency), "--watchdog", f"{options.watchdog_s:g}",
+               "--out", str(folder), "--repro-reruns", "1"]  # a grid of failing runs: verify, do not shrink
+    if options.n is not None:
+        command += ["--n", str(options.n)]
+    if options.invariants is not None:
+        command += ["--invariants", ",".join(options.invariants)]
+    return command + list(options.run_args)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a run's session and every process below it, including workers in sessions of their own."""
+    below = _descendants(pid)
+    own = os.getpgid(0)
+    for target in [pid, *below]:
+        try:
+            group = os.getpgid(target)
+            if group != own:
+                os.killpg(group, signal.SIGKILL)
+            else:
+                os.kill(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, path.stat().st_size - 4096))
+            lines = [line.strip() for line in log.read().decode("utf-8", "replace").splitlines()]
+    except OSError:
+        return ""
+    return next((line for line in reversed(lines) if line), "")
+
+
+class _Processes:
+    """The runs in flight, so an interrupted sweep can end them (they do not get the terminal's Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[int, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+
+    def start(self, command: list[str], log: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self.stopping:
+                raise KeyboardInterrupt
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True, env=env)
+            self._live[process.pid] = process
+            return process
+
+    def done(self, process: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._live.pop(process.pid, None)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            self.stopping = True
+            for pid in list(self._live):
+                kill_tree(pid)
+
+
+def run_point(point: GridPoint, out: Path, options: SweepOptions, processes: _Processes,
+              say: Callable[[str], None] = print) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run one grid point to its end (finished, crashed or killed at the timeout); its table rows."""
+    folder = out / "runs" / point.id
+    plan_file = write_plan(point.plan, folder / "plan.toml")
+    say(f"sweep: run {point.id}: {_describe(point)}")
+    clock = time.monotonic()
+    with (folder / "run.log").open("wb") as log:
+        process = processes.start(run_command(point, plan_file, folder, options), log)
+        timed_out = False
+        try:
+            process.wait(timeout=options.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_tree(process.pid)
+            process.wait()
+        finally:
+            processes.done(process)
+    finished = Finished(None if timed_out else process.returncode, timed_out, time.monotonic() - clock,
+                        _log_tail(folder / "run.log"))
+    base = {"run": point.id, "plan": point.plan_name, "target": point.target, "rate": float(point.rate),
+            "seed": point.seed, "n": options.n, "trace": options.trace}
+    return run_rows(base, folder, finished)
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SweepError(f"--out {out}: exists and is not an empty folder; give a new one "
+                         "(a sweep never mixes its runs with an older sweep's)")
+
+
+_SAY = threading.Lock()
+
+
+def _say(bar: tqdm | None, line: str) -> None:
+    """One whole line on stderr (runs finish on several threads), above the progress bar if there is one."""
+    with _SAY:
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+        else:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+
+def _describe(point: GridPoint) -> str:
+    return f"plan={point.plan_name} target={point.target} rate={point.rate} ({float(point.rate):g}) seed={point.seed}"
+
+
+def _finish_line(done: int, total: int, point: GridPoint, row: dict[str, Any]) -> str:
+    drop = "" if row["drop_rate"] is None else f", drop rate {row['drop_rate']:.2%}"
+    why = f" ({row['error']})" if row["error"] else ""
+    code = "" if row["exit_code"] is None else f", exit {row['exit_code']}"
+    return (f"sweep: [{done}/{total}] {point.id}: {row['outcome']}{why}{code}{drop}, {row['wall_s']:.1f} s, "
+            f"seed {point.seed}")
+
+
+def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seeds: list[int], out: str | Path,
+              options: SweepOptions, *, show_progress: bool = False) -> list[dict[str, Any]]:
+    """Run the whole grid, `options.jobs` runs at a time; returns the rows of `sweep.csv`, in grid order."""
+    options.check()
+    out = Path(out)
+    _check_out(out)
+    points = build_grid(plans, targets, rates, seeds)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    settings = {**asdict(options), "run_args": list(options.run_args),
+                "invariants": None if options.invariants is None else list(options.invariants)}
+    config = {"version": __version__, "plans": [p.name for p in plans], "plan_sources": [p.source for p in plans],
+              "targets": targets, "rates": [float(r) for r in rates], "seeds": seeds, "runs": len(points),
+              "options": settings, "started": time.time()}
+    rows: dict[int, dict[str, Any]] = {}
+    fault_rows: dict[int, list[dict[str, Any]]] = {}
+    processes = _Processes()
+    clock = time.monotonic()
+    bar = tqdm(total=len(points), desc="sweep", unit="run", file=sys.stderr) \
+        if show_progress and sys.stderr.isatty() else None
+
+    def save(status: str) -> None:
+        ordered = sorted(rows)
+        write_sweep_tables([rows[i] for i in ordered], [f for i in ordered for f in fault_rows[i]], out)
+        outcomes = {name: sum(1 for r in rows.values() if r["outcome"] == name) for name in RUN_OUTCOMES}
+        summary = {**config, "status": status, "finished_runs": len(rows), "outcomes": outcomes,
+                   "duration_s": round(time.monotonic() - clock, 3)}
+        (out / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+    save("running")
+    executor = ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="sweep")
+    try:
+        pending: dict[Future[Any], GridPoint] = {}
+        for point in points:
+            pending[executor.submit(run_point, point, out, options, processes, lambda line: _say(bar, line))] = point
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                point = pending.pop(future)
+                rows[point.index], fault_rows[point.index] = future.result()
+                if bar is not None:
+                    bar.update(1)
+                _say(bar, _finish_line(len(rows), len(points), point, rows[point.index]))
+                save("running")
+    except BaseException:
+        processes.kill_all()
+        executor.shutdown(wait=True, cancel_futures=True)
+        save("interrupted")
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    executor.shutdown()
+    save("finished")
+    return [rows[i] for i in sorted(rows)]
+
+
+def sweep_command(plan: str, target: str, rates: str, seeds: str, out: str, options: SweepOptions) -> int:
+    """The `rollout-bench sweep` command: 0 when every run is ok, 1 when any found violations,
+    crashed or timed out (the table is written either way), 2 for bad options (raised)."""
+    plans, targets = parse_plans(plan), parse_targets(target)
+    grid_rates, grid_seeds = parse_rates(rates), parse_seeds(seeds)
+    options.check()
+    try:
+        resolve_trace(options.trace)
+    except (FileNotFoundError, KeyError) as error:
+        raise SweepError(f"--trace: {error.args[0] if error.args else error}") from None
+    total = len(plans) * len(targets) * len(grid_rates) * len(grid_seeds)
+    print(f"sweep: {total} runs ({len(plans)} plans x {len(targets)} targets x {len(grid_rates)} rates x "
+          f"{len(grid_seeds)} seeds), {options.jobs} at a time, timeout {options.timeout_s:g} s each; "
+          f"seeds {','.join(map(str, grid_seeds))}", file=sys.stderr)
+    rows = run_sweep(plans, targets, grid_rates, grid_seeds, out, options, show_progress=True)
+    counts = {name: sum(1 for r in rows if r["outcome"] == name) for name in RUN_OUTCOMES}
+    print("sweep: " + ", ".join(f"{name} {count}" for name, count in counts.items()))
+    print(f"table: {(Path(out) / 'sweep.csv').resolve()}")
+    return 0 if counts["ok"] == len(rows) else 1

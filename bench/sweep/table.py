@@ -1,0 +1,155 @@
+"""The sweep's tidy tables: one row per run (`sweep.csv`), one per run and fault type (`sweep_faults.csv`).
+
+A row is built from what the run left behind: its exit status and, when it finished, its
+report folder's `summary.json` and fault table. A run that crashed or timed out still gets
+its row, with the outcome saying so and the report columns empty.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.report.tables import parquet_available, read_tables
+from bench.targets import OUTCOMES
+
+RUN_OUTCOMES = ("ok", "violations", "crashed", "timeout")
+TABLES = ("sweep", "sweep_faults")
+# Every column of sweep.csv, in order (also the columns of an empty sweep).
+COLUMNS = (
+    "run", "plan", "target", "rate", "seed", "n", "trace", "outcome", "exit_code", "error",
+    "trajectories", "drop_rate", "dropped", *(f"n_{name}" for name in OUTCOMES),
+    "violations", "violated_invariants", "known_violations", "batch_error", "hang", "fault_events", "trajectories_hit",
+    "trajectories_per_s", "requests_per_s", "output_tokens_per_s", "latency_p50_s", "latency_p90_s",
+    "latency_p99_s", "retry_amplification", "duration_s", "wall_s", "report",
+)
+# Counts and codes: nullable integers (a crashed run has none), not floats.
+INT_COLUMNS = ("seed", "n", "exit_code", "trajectories", "dropped", *(f"n_{name}" for name in OUTCOMES), "violations",
+               "known_violations", "fault_events", "trajectories_hit")
+FAULT_COLUMNS = ("run", "plan", "target", "rate", "seed", "fault", "trajectories", "drop_rate")
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How one run's process ended, as the sweep saw it."""
+
+    exit_code: int | None  # None: killed by the sweep's timeout
+    timed_out: bool
+    wall_s: float
+    log_tail: str  # the last line of the run's output, for crashed rows
+
+
+def outcome_of(finished: Finished, summary: dict[str, Any] | None) -> str:
+    """ok / violations (the run's own verdict, exit 0 / 1 with a report); else timeout or crashed."""
+    if finished.timed_out:
+        return "timeout"
+    if summary is not None and finished.exit_code in (0, 1):
+        return "violations" if summary["violations"] else "ok"
+    return "crashed"
+
+
+def _crash_cause(finished: Finished) -> str:
+    code = finished.exit_code
+    if code is not None and code < 0:
+        try:
+            cause = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            cause = f"killed by signal {-code}"
+    else:
+        cause = f"exit {code} without a report"
+    return f"{cause}; last output: {finished.log_tail}" if finished.log_tail else cause
+
+
+def _read_summary(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((folder / "summary.json").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
+
+def run_rows(base: dict[str, Any], folder: Path, finished: Finished) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run's row for `sweep.csv` and its rows for `sweep_faults.csv`; `base` holds the grid columns."""
+    summary = _read_summary(folder)
+    outcome = outcome_of(finished, summary)
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row.update(base, outcome=outcome, exit_code=finished.exit_code, wall_s=round(finished.wall_s, 3),
+               report=f"runs/{folder.name}")
+    if outcome == "timeout":
+        row["error"] = "killed by the sweep's timeout"
+    elif outcome == "crashed":
+        row["error"] = _crash_cause(finished)
+    if summary is None or outcome in ("crashed", "timeout"):
+        return row, []
+    throughput = summary["throughput"]
+    row.update(
+        trajectories=summary["trajectories"], drop_rate=summary["drop_rate"],
+        dropped=sum(summary["outcomes"].get(name, 0) for name in ("aborted", "dropped", "failed", "lost")),
+        **{f"n_{name}": summary["outcomes"].get(name, 0) for name in OUTCOMES},
+        violations=len(summary["violations"]), violated_invariants=",".join(summary["violated_invariants"]),
+        known_violations=len(summary.get("known_violations") or []),  # declared in --known: not failures
+        batch_error=(summary["batch_error"] or {}).get("type"), hang=summary["hang"] is not None,
+        trajectories_per_s=throughput["trajectories_per_s"], requests_per_s=throughput["requests_per_s"],
+        output_tokens_per_s=throughput["output_tokens_per_s"],
+        latency_p50_s=throughput["latency_s"]["p50"], latency_p90_s=throughput["latency_s"]["p90"],
+        latency_p99_s=throughput["latency_s"]["p99"], retry_amplification=throughput["retry_amplification"],
+        duration_s=summary["duration_s"],
+    )
+    try:
+        tables = read_tables(folder)
+        row["fault_events"] = len(tables["faults"])
+        row["trajectories_hit"] = int(tables["trajectories"]["faults"].fillna("").astype(str).ne("").sum())
+    except (OSError, ValueError):
+        pass  # the summary is there but a table is not: keep the row, leave these empty
+    faults = [{**{k: base[k] for k in ("run", "plan", "target", "rate", "seed")}, "fault": fault,
+               "trajectories": stats["trajectories"], "drop_rate": stats["drop_rate"]}
+              for fault, stats in summary["drop_rate_by_fault"].items()]
+    return row, faults
+
+
+def write_sweep_tables(rows: list[dict[str, Any]], fault_rows: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """`sweep.csv` and `sweep_faults.csv` always (a spreadsheet opens them); Parquet beside them with pyarrow."""
+    frames = {"sweep": _typed(pd.DataFrame(rows, columns=list(COLUMNS))),
+              "sweep_faults": _typed(pd.DataFrame(fault_rows, columns=list(FAULT_COLUMNS)))}
+    written = []
+    for name, frame in frames.items():
+        frame.to_csv(folder / f"{name}.csv", index=False)
+        written.append(folder / f"{name}.csv")
+        if parquet_available():
+            frame.to_parquet(folder / f"{name}.parquet", index=False)
+            written.append(folder / f"{name}.parquet")
+    return written
+
+
+def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    for column in INT_COLUMNS:
+        if column in frame:
+            frame[column] = frame[column].astype("Int64")
+    if "hang" in frame:
+        frame["hang"] = frame["hang"].astype("boolean")
+    return frame
+
+
+def is_sweep_folder(folder: str | Path) -> bool:
+    return (Path(folder) / "sweep.csv").exists() or (Path(folder) / "sweep.parquet").exists()
+
+
+def load_sweep(folder: str | Path) -> dict[str, Any]:
+    """A sweep folder: `runs` (one row per run; `report` is the run's folder, absolute), `faults`
+    (per run and fault type) and `summary` (the sweep's options and outcome counts)."""
+    folder = Path(folder)
+    if not is_sweep_folder(folder):
+        raise FileNotFoundError(f"{folder}: no sweep.csv or sweep.parquet: not a sweep folder")
+    frames = {}
+    for name in TABLES:
+        parquet, csv = folder / f"{name}.parquet", folder / f"{name}.csv"
+        frames[name] = pd.read_parquet(parquet) if parquet.exists() else pd.read_csv(csv)
+    runs, frames["sweep_faults"] = _typed(frames["sweep"]), _typed(frames["sweep_faults"])
+    runs["report"] = [str((folder / str(path)).resolve()) for path in runs["report"]]
+    summary_path = folder / "sweep.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {}
+    return {"runs": runs, "faults": frames["sweep_faults"], "summary": summary}

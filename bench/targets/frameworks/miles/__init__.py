@@ -1,0 +1,1 @@
+"""miles (miles-rl), a slime fork: its adapter, environment and known findings."""

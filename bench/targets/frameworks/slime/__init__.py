@@ -1,0 +1,1 @@
+"""slime (THUDM/slime) and the adapter code its family (miles) shares."""

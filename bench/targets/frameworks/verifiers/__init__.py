@@ -1,0 +1,1 @@
+"""verifiers (prime-rl's environments): its adapter, environment and record conversion."""

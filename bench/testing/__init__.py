@@ -1,0 +1,1 @@
+"""Testing tools: the pytest plugin, Hypothesis strategies and profiles, fault-plan exploration."""
