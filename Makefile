@@ -43,22 +43,24 @@ bench: $(VENV)/.installed
 # torch is the local CPU wheel, installed first so nothing can pull a CUDA build; a check refuses one anyway.
 TARGETS_DIR ?= .targets
 TPIP = -m pip --disable-pip-version-check --quiet
+# Each real framework keeps its environment spec (`env.txt`, every pin in `env.lock`) in its adapter folder.
+FRAMEWORKS = bench/targets/frameworks
 
 targets: $(TARGETS_DIR)/miles/.built $(TARGETS_DIR)/verifiers/.built
 
-$(TARGETS_DIR)/miles/.built: envs/miles.txt envs/miles.lock
+$(TARGETS_DIR)/miles/.built: $(FRAMEWORKS)/miles/env.txt $(FRAMEWORKS)/miles/env.lock
 	rm -rf $(TARGETS_DIR)/miles
 	$(PYTHON) -m venv $(TARGETS_DIR)/miles
 	$(TARGETS_DIR)/miles/bin/python $(TPIP) install torch==2.13.0
 	$(TARGETS_DIR)/miles/bin/python $(TPIP) install --no-deps miles-rl==0.0.2
-	$(TARGETS_DIR)/miles/bin/python $(TPIP) install -r envs/miles.txt -c envs/miles.lock
+	$(TARGETS_DIR)/miles/bin/python $(TPIP) install -r $(FRAMEWORKS)/miles/env.txt -c $(FRAMEWORKS)/miles/env.lock
 	$(TARGETS_DIR)/miles/bin/python -c 'import torch, miles; assert torch.version.cuda is None, "a CUDA torch got in"'
 	touch $@
 
-$(TARGETS_DIR)/verifiers/.built: envs/verifiers.txt envs/verifiers.lock
+$(TARGETS_DIR)/verifiers/.built: $(FRAMEWORKS)/verifiers/env.txt $(FRAMEWORKS)/verifiers/env.lock
 	rm -rf $(TARGETS_DIR)/verifiers
 	$(PYTHON) -m venv $(TARGETS_DIR)/verifiers
-	$(TARGETS_DIR)/verifiers/bin/python $(TPIP) install -r envs/verifiers.txt -c envs/verifiers.lock
+	$(TARGETS_DIR)/verifiers/bin/python $(TPIP) install -r $(FRAMEWORKS)/verifiers/env.txt -c $(FRAMEWORKS)/verifiers/env.lock
 	$(TARGETS_DIR)/verifiers/bin/python -c 'import verifiers, openai; assert openai.__version__ == "2.36.0"'
 	touch $@
 
@@ -66,11 +68,11 @@ $(TARGETS_DIR)/verifiers/.built: envs/verifiers.txt envs/verifiers.lock
 # which lacks a few of slime's imports); its source comes from a checkout (--slime-path / ROLLOUT_BENCH_SLIME_PATH).
 slime-env: $(TARGETS_DIR)/slime/.built
 
-$(TARGETS_DIR)/slime/.built: envs/slime.txt envs/slime.lock
+$(TARGETS_DIR)/slime/.built: $(FRAMEWORKS)/slime/env.txt $(FRAMEWORKS)/slime/env.lock
 	rm -rf $(TARGETS_DIR)/slime
 	$(PYTHON) -m venv $(TARGETS_DIR)/slime
 	$(TARGETS_DIR)/slime/bin/python $(TPIP) install torch==2.13.0
-	$(TARGETS_DIR)/slime/bin/python $(TPIP) install -r envs/slime.txt -c envs/slime.lock
+	$(TARGETS_DIR)/slime/bin/python $(TPIP) install -r $(FRAMEWORKS)/slime/env.txt -c $(FRAMEWORKS)/slime/env.lock
 	$(TARGETS_DIR)/slime/bin/python -c 'import torch, transformers, ray; assert torch.version.cuda is None, "a CUDA torch got in"'
 	touch $@
 

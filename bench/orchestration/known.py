@@ -17,7 +17,7 @@ A violation matching an entry is *known*: still in `summary.json`, the terminal 
 XML (as skipped), but not a failure, and not what `repro.toml` reproduces. Everything else fails
 as before. A violation of the whole run (no trajectory) only matches an entry naming no
 trajectories and no recorded outcome. `rollout-bench run --known NAME|PATH`: a shipped file by name
-(`bench/known_findings/`), or a path.
+(`bench/targets/frameworks/<name>/known_findings.toml`), or a path.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.invariants import INVARIANTS, Violation
+from bench.targets.frameworks import shipped_known_findings
 
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "known_findings"
 _KEYS = {"invariant", "reason", "target", "recorded_outcome", "trajectories", "fault", "link"}
 
 
@@ -72,7 +72,8 @@ class KnownViolation:
 
 
 def shipped_known() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(SHIPPED_DIR.glob("*.toml"))}
+    """The known findings shipped beside each framework's adapter, by framework name."""
+    return shipped_known_findings()
 
 
 def resolve_known(spec: str) -> tuple[Path, list[KnownFinding]]:

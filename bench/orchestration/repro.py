@@ -28,7 +28,7 @@ from bench.invariants import Bounds, Violation
 from faults import FaultEvent, Plan, PlanError, Rule, make_rule
 from faults.plan import rule_table, toml_value
 
-from .known import SHIPPED_DIR
+from .known import shipped_known
 from .runner import RunConfig, RunResult, run_blocking
 
 # Invariants judged over a whole group (or the batch around it): their repros keep whole groups.
@@ -323,7 +323,8 @@ def _known_spec(config: RunConfig, result: RunResult | None) -> str | None:
     if not config.known:
         return None
     path = Path((result.known_file if result else None) or str(config.known)).resolve()
-    return path.stem if path.parent == SHIPPED_DIR.resolve() else str(path)
+    names = {shipped.resolve(): name for name, shipped in shipped_known().items()}
+    return names.get(path, str(path))
 
 
 def write_config(config: RunConfig, path: Path, *, result: RunResult | None = None,
