@@ -24,7 +24,7 @@ _CHILD = r"""
 import json, resource, sys
 from bench.orchestration.runner import RunConfig, run_blocking
 if sys.argv[1] == "discard":
-    from bench.server import served_tokens
+    from bench.records import served_tokens
     class Discard(served_tokens.ServedTokens):
         def begin(self, record, *args, **kwargs):
             record.served_tokens = 0
