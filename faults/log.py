@@ -22,9 +22,9 @@ class FaultEvent:
     request_id: str
     time: float  # unix time
     change: str  # what the fault did to the answer
-    # whether it reached the target's code (`bench.invariants.fault_reach`, set once the run ended): "consumed" (the target
-    # acted on it), "delivered" (the client got the faulted answer; what it did with it the bench cannot see),
-    # "not consumed" (it could not reach the code: the tool call was never run, the poison never read),
+    # whether it reached the target's code (`bench.invariants.fault_reach`, set once the run ended): "consumed"
+    # (the target acted on it), "delivered" (the client got the faulted answer; what it did with it the bench
+    # cannot see), "not consumed" (it could not reach the code: the tool call was never run, the poison never read),
     # "not delivered" (the client hung up first); "" while the run goes on
     reach: str = ""
 

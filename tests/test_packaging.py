@@ -51,7 +51,8 @@ def test_wheel_in_a_fresh_venv_loads_shipped_data(wheel: Path, tmp_path: Path) -
     module, traces, last, known = run.stdout.splitlines()
     assert module.startswith(str(site)) and traces == str(site / "bench" / "_shipped" / "traces")
     assert last == "500 ok<|im_end|> True"
-    assert known == f"{site / 'bench' / 'targets' / 'frameworks' / 'miles' / 'known_findings.toml'} ['context_budget', 'provenance']"
+    shipped = site / "bench" / "targets" / "frameworks" / "miles" / "known_findings.toml"
+    assert known == f"{shipped} ['context_budget', 'provenance']"
     cli = subprocess.run([str(target / "bin" / "rollout-bench"), "validate", "agentic-500"], cwd=tmp_path,
                          capture_output=True, text=True, env=env)
     assert cli.returncode == 0 and "agentic-500: valid" in cli.stderr

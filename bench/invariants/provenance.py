@@ -27,9 +27,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
 
-from bench.records.sample import SampleRecord
+from bench.records.sample import RETOKENIZED, SampleRecord
 from bench.records.served_tokens import ServedEntry, ServedTokens
-from bench.targets.base import RETOKENIZED
 
 from .base import RunView, Violation, preceding
 

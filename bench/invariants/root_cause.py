@@ -18,7 +18,7 @@ from .fault_reach import NOT_REACHED
 
 
 def excuses(event: FaultEvent) -> bool:
-    """An injected fault that can explain a failure: it altered the reply and reached the code (`bench.invariants.fault_reach`)."""
+    """An injected fault that can explain a failure: it altered the reply and reached the code (`fault_reach`)."""
     return alters_reply(event.fault) and event.reach not in NOT_REACHED
 
 

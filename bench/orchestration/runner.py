@@ -23,19 +23,11 @@ from bench.invariants.fault_reach import with_reach
 from bench.isolation import IsolatedTarget, TargetCrashed, TargetStartError
 from bench.records import attribution
 from bench.records.requests import RequestRecord
+from bench.records.sample import ErrorInfo, SampleRecord
 from bench.records.served_tokens import ServedTokens
 from bench.replay.store import RecordedTrajectory
-from bench.targets import (
-    DEFAULT_TARGET,
-    ErrorInfo,
-    RolloutJob,
-    SampleRecord,
-    TargetAdapter,
-    TrajectorySpec,
-    check_target_spec,
-    resolve_target,
-    tokens_source_of,
-)
+from bench.targets import (DEFAULT_TARGET, RolloutJob, TargetAdapter, TrajectorySpec, check_target_spec,
+                           resolve_target, tokens_source_of)
 from bench.targets.envs import target_python
 from bench.tokenizer import tokenizer_path
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace

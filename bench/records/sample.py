@@ -15,6 +15,11 @@ from .attribution import trajectory_of
 OUTCOMES = ("completed", "truncated", "aborted", "dropped", "failed", "lost")
 DROPPED_OUTCOMES = ("aborted", "dropped", "failed", "lost")
 
+# Where an adapter's sample tokens come from (its `tokens_source`, default "served"): the server's token ids, or
+# a framework that re-tokenises the text it was served (provenance then compares text).
+SERVED, RETOKENIZED = "served", "retokenized"
+TOKENS_SOURCES = (SERVED, RETOKENIZED)
+
 
 @dataclass(frozen=True)
 class ErrorInfo:

@@ -17,7 +17,7 @@ from bench.invariants.replay_fidelity import measure as measure_fidelity
 from bench.invariants.root_cause import root_cause
 from bench.invariants.vacuity import reach
 from bench.orchestration.runner import RunResult
-from bench.targets import DROPPED_OUTCOMES, OUTCOMES
+from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES
 
 
 def _versions() -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from bench.report.tables import parquet_available, read_tables
-from bench.targets import OUTCOMES
+from bench.records.sample import OUTCOMES
 
 RUN_OUTCOMES = ("ok", "violations", "crashed", "timeout")
 TABLES = ("sweep", "sweep_faults")

@@ -13,15 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from bench.records.sample import SampleRecord
+from bench.records.sample import RETOKENIZED, SERVED, TOKENS_SOURCES, SampleRecord
 from faults import Rule
 
 Emit = Callable[[SampleRecord], None]
-
-# where an adapter's sample tokens come from (its `tokens_source`, default "served"): the server's token ids, or
-# a framework that re-tokenises the text it was served (provenance then compares text)
-SERVED, RETOKENIZED = "served", "retokenized"
-TOKENS_SOURCES = (SERVED, RETOKENIZED)
 
 
 @dataclass(frozen=True)
