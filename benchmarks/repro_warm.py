@@ -33,8 +33,8 @@ CLI = [sys.executable, "-m", "bench"]
 
 def make_repro(target: str, trace: str, plan: str, trajectory: str, path: Path) -> tuple[Path, float]:
     """Run the plan on one trajectory (cold) and write its repro; (repro path, that run's wall seconds)."""
+    from bench import RunConfig, run
     from bench.orchestration.repro import write_repro
-    from bench.orchestration.runner import RunConfig, run
     from faults import resolve_plan
 
     clock = time.monotonic()

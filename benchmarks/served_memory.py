@@ -22,7 +22,7 @@ from .common import DEFAULT_OUT, machine, print_table, write_results
 
 _CHILD = r"""
 import json, resource, sys
-from bench.orchestration.runner import RunConfig, run_blocking
+from bench import RunConfig, run_blocking
 if sys.argv[1] == "discard":
     from bench.records import served_tokens
     class Discard(served_tokens.ServedTokens):

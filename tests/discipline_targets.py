@@ -8,8 +8,7 @@ import json
 
 import aiohttp
 
-from bench.targets import Emit, RolloutJob, SampleRecord
-from bench.targets.base import TrajectorySpec
+from bench import Emit, RolloutJob, SampleRecord, TrajectorySpec
 from bench.targets.client import generate, output_of
 
 _OUTCOME = {"stop": "completed", "length": "truncated"}

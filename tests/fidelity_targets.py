@@ -6,8 +6,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.records.attribution import TRAJECTORY_HEADER
-from bench.targets import Emit, RolloutJob, SampleRecord, TrajectorySpec
+from bench import TRAJECTORY_HEADER, Emit, RolloutJob, SampleRecord, TrajectorySpec
 from bench.targets.client import output_of
 from bench.tokenizer import ByteBPETokenizer
 

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from bench.targets import Emit, RolloutJob, SampleRecord
+from bench import Emit, RolloutJob, SampleRecord
 
 
 def _record(spec, outcome: str = "completed") -> SampleRecord:  # type: ignore[no-untyped-def]

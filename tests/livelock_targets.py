@@ -18,8 +18,8 @@ from pathlib import Path
 
 import aiohttp
 
+from bench import Emit, RolloutJob, SampleRecord, TrajectorySpec
 from bench.replay.store import TraceStore
-from bench.targets import Emit, RolloutJob, SampleRecord, TrajectorySpec
 from bench.targets.client import generate
 
 

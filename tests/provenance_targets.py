@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.targets import Emit, RolloutJob, SampleRecord, TrajectorySpec
+from bench import Emit, RolloutJob, SampleRecord, TrajectorySpec
 
 CHANGED, ZEROED, DOUBLED = "g00003-1", "g00007-0", "g00011-2"  # the three samples `Corrupts` alters
 ROUTES = ("native", "native-stream", "completions", "chat", "vllm-generate")

@@ -6,8 +6,7 @@ import asyncio
 
 import aiohttp
 
-from bench.records.sample import ErrorInfo
-from bench.targets import Emit, RolloutJob, SampleRecord
+from bench import Emit, ErrorInfo, RolloutJob, SampleRecord
 from bench.targets.client import generate
 
 

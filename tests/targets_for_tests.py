@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from bench.targets import Emit, RolloutJob, SampleRecord
+from bench import Emit, RolloutJob, SampleRecord
 
 
 class Hangs:

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 
+from bench import ErrorInfo, RunConfig, RunResult, SampleRecord, run
 from bench.invariants import Bounds, RunView, check_all
 from bench.invariants.churn import measure_churn
-from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.records.requests import RequestRecord
-from bench.records.sample import ErrorInfo
-from bench.targets import SampleRecord
 from bench.targets.reference.scheduler import MAX_RESCHEDULES
 from faults import resolve_plan
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.orchestration.runner import RunConfig, run
+from bench import RunConfig, run
 from bench.testing.explore import check_plan, explore, plan_to_toml, prefix_trace, shrink_plan
 from bench.testing.strategies import consistent_header, consistent_trajectories, traces
 from bench.tokenizer import load_tokenizer

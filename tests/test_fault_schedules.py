@@ -22,8 +22,17 @@ import pytest
 import faults.catalogue  # noqa: F401  (registers every fault)
 from bench.replay.store import RecordedTrajectory
 from bench.server import BenchServer
-from faults import FAULTS, FaultEngine, PlanError, Schedule, Target, load_plan, parse_schedule, plan_from_specs
-from faults import rule_from_spec
+from faults import (
+    FAULTS,
+    FaultEngine,
+    PlanError,
+    Schedule,
+    Target,
+    load_plan,
+    parse_schedule,
+    plan_from_specs,
+    rule_from_spec,
+)
 from faults.schedule import ScheduleError
 from tests.server_helpers import turn_input
 

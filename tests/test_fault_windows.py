@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.orchestration.runner import RunConfig, RunResult, run_blocking
+from bench import RunConfig, RunResult, run_blocking
 from bench.server import ServerThread
 from faults import Plan, PlanError, load_plan
 from faults.plan import parse_plan, plan_to_toml

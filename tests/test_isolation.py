@@ -8,10 +8,9 @@ import sys
 
 import pytest
 
+from bench import ErrorInfo, RolloutJob, RunConfig, RunResult, SampleRecord, TrajectorySpec, run
 from bench.isolation import IsolatedTarget
 from bench.isolation.protocol import job_from_json, job_to_json, record_from_dict, record_to_dict
-from bench.orchestration.runner import RunConfig, RunResult, run
-from bench.targets import ErrorInfo, RolloutJob, SampleRecord, TrajectorySpec
 from bench.targets.envs import target_python
 from faults import resolve_plan
 from tests.process_helpers import alive

@@ -17,11 +17,11 @@ import pytest
 # Imported before any inner pytester session: it restores sys.modules after each in-process run, and
 # numpy (under pandas) cannot be imported a second time into the same process.
 import bench.server  # noqa: F401
+from bench import RunConfig, RunResult, run
 from bench.cli import main as cli_main
 from bench.invariants import Violation
 from bench.orchestration.known import KnownFinding, KnownFindingsError, load_known, resolve_known, shipped_known
 from bench.orchestration.repro import load_repro, write_repro
-from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.report import write_report
 from bench.report.summary import format_summary
 from tests.plans_for_tests import POISON_PLAN

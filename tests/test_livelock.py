@@ -15,9 +15,9 @@ from typing import Iterator
 
 import pytest
 
+from bench import RunConfig, RunResult, run
 from bench.isolation.process import worker_env
 from bench.isolation.warm_client import RUNTIME_ENV, start_warm
-from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.synth import synthesize
 from tests.process_helpers import running, wait_until_gone
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from provenance_targets import CHANGED, DOUBLED, ROUTES, ZEROED
 
+from bench import RunConfig, RunResult, run_blocking
 from bench.invariants import provenance
-from bench.orchestration.runner import RunConfig, RunResult, run_blocking
 from bench.report import load, write_report
 from bench.server import openai_answer
 from bench.targets import TargetError

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.orchestration.runner import RunConfig, run_blocking
+from bench import RunConfig, run_blocking
 from faults import resolve_plan, shipped_plans
 
 FIXED = ["ref-gather:fixed", "ref-accumulator:fixed", "ref-replay-buffer:fixed", "ref-scheduler:fixed",

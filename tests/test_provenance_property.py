@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench import SampleRecord
 from bench.invariants import RunView
 from bench.invariants.provenance import ABS_TOL, REL_TOL, assess
 from bench.records.requests import RequestLog, RequestRecord
 from bench.records.served_tokens import ServedTokens
 from bench.replay import pack
-from bench.targets import SampleRecord
 
 tokens = st.lists(st.integers(0, 30), min_size=0, max_size=8)
 logprob = st.one_of(st.none(), st.floats(-20.0, -0.0001, allow_nan=False))

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
+from bench import Emit, RolloutJob, RunConfig, RunResult, SampleRecord, run
 from bench.invariants import Bounds, RunView, staleness
-from bench.orchestration.runner import RunConfig, RunResult, run
-from bench.targets import Emit, RolloutJob, SampleRecord, TargetError, resolve_target
+from bench.targets import TargetError, resolve_target
 from bench.targets.reference.accumulator import RefAccumulator, result_is_stale
 from faults import FaultEvent, resolve_plan
 

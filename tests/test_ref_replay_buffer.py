@@ -12,10 +12,9 @@ from collections import defaultdict
 
 import pytest
 
+from bench import ErrorInfo, RunConfig, RunResult, SampleRecord, run
 from bench.invariants import RunView, check_all, group_completeness
-from bench.orchestration.runner import RunConfig, RunResult, run
-from bench.records.sample import ErrorInfo
-from bench.targets import SampleRecord, resolve_target
+from bench.targets import resolve_target
 from bench.targets.reference.replay_buffer import Batch, IncompleteGroup, RefReplayBuffer, ReplayBuffer
 from faults import FaultEvent, resolve_plan
 

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
+from bench import RunConfig, RunResult, run
 from bench.invariants import Bounds
-from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.targets import resolve_target
 from bench.targets.reference.scheduler import MAX_RESCHEDULES, ModelError, serialize_error, status_error
 from faults import Plan, resolve_plan

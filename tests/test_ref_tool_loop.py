@@ -11,10 +11,10 @@ import asyncio
 
 import pytest
 
+from bench import RunConfig, RunResult, SampleRecord, run
 from bench.invariants import Bounds, RunView, context_budget
-from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.records.requests import RequestRecord
-from bench.targets import SampleRecord, TargetError, resolve_target
+from bench.targets import TargetError, resolve_target
 from bench.targets.hooks import emit_command
 from bench.targets.reference.tool_loop import RecordedTools, parse_tool_calls, tool_message
 from bench.tokenizer import load_tokenizer

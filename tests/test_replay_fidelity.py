@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from bench import RunConfig, RunResult, run_blocking
 from bench.invariants import Bounds, RunView, replay_fidelity
-from bench.orchestration.runner import RunConfig, RunResult, run_blocking
 from bench.records.requests import RequestRecord
 from bench.report import format_summary, write_report
 from faults import FaultEvent, resolve_plan

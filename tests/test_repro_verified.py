@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import RunConfig, RunResult, run_blocking
 from bench.orchestration.repro import (
     Budget,
     Reproducer,
@@ -19,7 +20,6 @@ from bench.orchestration.repro import (
     write_config,
     write_repros,
 )
-from bench.orchestration.runner import RunConfig, RunResult, run_blocking
 from faults import Plan, plan_from_specs, resolve_plan
 
 STALE_RETRIED = "g00027-1"  # seed-004 on agentic-500: aborted, then resubmitted with its old tokens (client-side)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench import RunConfig, RunResult, run
 from bench.invariants import INVARIANTS
-from bench.orchestration.runner import RunConfig, RunResult, run
 from bench.report import load, write_report
 from faults import resolve_plan
 
@@ -126,7 +126,7 @@ def test_repro_file_reproduces_the_crash_on_one_trajectory(unfixed: RunResult, t
 
 _SIDE_WORK_SCRIPT = """
 import asyncio, json, time
-from bench.orchestration.runner import RunConfig, run
+from bench import RunConfig, run
 from faults import resolve_plan
 
 ended = []

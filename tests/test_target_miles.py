@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
+from bench import RunConfig, RunResult, SampleRecord, run
 from bench.invariants import Bounds
 from bench.orchestration.repro import load_repro, write_repro
-from bench.orchestration.runner import RunConfig, RunResult, run
-from bench.targets import SampleRecord
 from bench.targets.envs import target_python
 from bench.targets.hooks import POISON_MARKER
 from faults import Plan, resolve_plan

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from bench.orchestration.runner import RunConfig, RunResult, run
-from bench.targets import RolloutJob, TargetError, TrajectorySpec, resolve_target
+from bench import RolloutJob, RunConfig, RunResult, TrajectorySpec, run
+from bench.targets import TargetError, resolve_target
 from bench.targets.envs import target_python
 from bench.targets.frameworks.slime.family import OptionError, build_args, check_options
 from bench.targets.frameworks.slime.target import PATH_ENV, Slime, checkout

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from bench import RunConfig, RunResult, SampleRecord, run
 from bench.invariants import Bounds
-from bench.orchestration.runner import RunConfig, RunResult, run
-from bench.targets import SampleRecord, TargetError, resolve_target
+from bench.targets import TargetError, resolve_target
 from bench.targets.envs import target_python
 from bench.targets.frameworks.verifiers.records import assemble
 from bench.targets.reference.scheduler import reschedules

@@ -7,7 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from bench.orchestration.runner import RunConfig, RunResult, run
+from bench import RunConfig, RunResult, run
 from bench.report import write_report
 from bench.report.summary import format_summary
 from faults import Plan, plan_from_specs

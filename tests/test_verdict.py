@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from verdict_targets import BAD_TRAJECTORY
 
-from bench.orchestration.runner import RunConfig, RunResult, run_blocking
+from bench import RunConfig, RunResult, run_blocking
 from bench.report import load, write_report
 from faults import plan_from_specs
 

@@ -3,10 +3,10 @@ trajectory once, with the number of occurrences, in the run, summary.json and th
 
 from __future__ import annotations
 
+from bench import SampleRecord
 from bench.invariants import Bounds, RunView, check_all
 from bench.records.requests import RequestRecord
 from bench.report.summary import format_summary
-from bench.targets import SampleRecord
 
 CONTEXT = 1000
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.targets import Emit, RolloutJob, SampleRecord, TrajectorySpec
+from bench import Emit, RolloutJob, SampleRecord, TrajectorySpec
 
 BAD_TRAJECTORY = "g00012-2"  # in the middle of the first 100 trajectories of either shipped trace
 

@@ -1,90 +1,30 @@
 """Target adapters: real rollout code (or the reference patterns) run against the bench server.
 
-A target is named `NAME[:VARIANT]` (`ref-gather:fixed`) or given as `module:attr`, where
-`attr` is an adapter instance, or a class or factory called with the variant (if any).
+Here at the root: the adapter interface (`base`: `RolloutJob`, `TrajectorySpec`, `TargetAdapter`, `Emit`), the
+registry (`registry`: names and `module:attr` plug-ins), the HTTP calls adapters share (`client`) and the hooks
+faults act through (`hooks`). Below: `reference/` (one module per seed pattern, each `unfixed` and `fixed`) and
+`frameworks/<name>/` (one folder per real framework: adapter, patch, plug-ins, environment, known findings).
+
+Plug-ins and notebooks import from `bench` itself (`from bench import SampleRecord, RolloutJob, ...`).
+Deprecated: `SampleRecord`, `ErrorInfo`, `OUTCOMES` and `DROPPED_OUTCOMES` from here; they live in
+`bench.records` and are public as `bench.SampleRecord` etc. They still resolve, with a DeprecationWarning.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
-from typing import Any, Callable
+from typing import Any
 
-from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES, ErrorInfo, SampleRecord
+from bench._moved import moved_attribute
 
-from .base import SERVED, TOKENS_SOURCES, Emit, RolloutJob, TargetAdapter, TrajectorySpec
+from .base import RETOKENIZED, SERVED, TOKENS_SOURCES, Emit, RolloutJob, TargetAdapter, TrajectorySpec
+from .registry import DEFAULT_TARGET, REGISTRY, TargetError, check_target_spec, resolve_target, tokens_source_of
 
-# Built-in targets: name -> "module:class", imported on first use (each is called with its variant).
-REGISTRY: dict[str, str] = {
-    "ref-gather": "bench.targets.reference.gather:RefGather",
-    "ref-accumulator": "bench.targets.reference.accumulator:RefAccumulator",
-    "ref-replay-buffer": "bench.targets.reference.replay_buffer:RefReplayBuffer",
-    "ref-scheduler": "bench.targets.reference.scheduler:RefScheduler",
-    "ref-tool-loop": "bench.targets.reference.tool_loop:RefToolLoop",
-    "verifiers": "bench.targets.frameworks.verifiers.target:VerifiersTarget",
-    "miles": "bench.targets.frameworks.miles.target:MilesTarget",
-    "slime": "bench.targets.frameworks.slime.target:SlimeTarget",
-}
-DEFAULT_TARGET = "ref-gather:unfixed"
+_MOVED = {name: "bench.records.sample" for name in ("SampleRecord", "ErrorInfo", "OUTCOMES", "DROPPED_OUTCOMES")}
 
 
-class TargetError(ValueError):
-    """A target name or path that resolves to nothing usable."""
+def __getattr__(name: str) -> Any:
+    return moved_attribute(__name__, name, _MOVED)
 
 
-def _is_module(name: str) -> bool:
-    """A module path a plug-in can live at (`mymodule`, `my_pkg.targets`); a built-in's name has a dash."""
-    return bool(name) and all(part.isidentifier() for part in name.split("."))
-
-
-def tokens_source_of(target: Any) -> str:
-    """Where a target's sample tokens come from: "served" (the server's token ids, the default) or
-    "retokenized" (its framework re-tokenises the text it was served; provenance then compares text)."""
-    source = getattr(target, "tokens_source", SERVED)
-    if source not in TOKENS_SOURCES:
-        raise TargetError(f"target {getattr(target, 'name', target)!r}: tokens_source {source!r} is not one of "
-                          f"{', '.join(TOKENS_SOURCES)}")
-    return str(source)
-
-
-def check_target_spec(spec: str) -> None:
-    """Fail early on a name that can never resolve, without importing the target (it may live in another venv)."""
-    name, _, variant = spec.partition(":")
-    if name in REGISTRY or (_is_module(name) and variant):
-        return
-    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(REGISTRY)}; or give module:attr")
-
-
-def resolve_target(spec: str) -> TargetAdapter:
-    """`ref-gather:fixed`, `ref-gather` (unfixed), or `module:attr` (`mymodule:Target`, `pkg.module:attr`)."""
-    name, _, variant = spec.partition(":")
-    if name in REGISTRY:
-        module_name, _, class_name = REGISTRY[name].partition(":")
-        try:
-            factory: Callable[[str], Any] = getattr(importlib.import_module(module_name), class_name)
-            return factory(variant or "unfixed")  # type: ignore[no-any-return]
-        except ImportError as error:
-            raise TargetError(f"target {spec!r} cannot be imported by {sys.executable}: {error} (build its "
-                              "environment with `make targets`, or pass --python)") from None
-        except ValueError as error:
-            raise TargetError(f"target {spec!r}: {error}") from None
-    if _is_module(name) and variant:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as error:
-            raise TargetError(f"target {spec!r}: cannot import {name}: {error}") from None
-        try:
-            attr = getattr(module, variant)
-        except AttributeError:
-            raise TargetError(f"target {spec!r}: module {name} has no attribute {variant!r}") from None
-        adapter = attr() if isinstance(attr, type) or (callable(attr) and not hasattr(attr, "run")) else attr
-        if not hasattr(adapter, "run"):
-            raise TargetError(f"target {spec!r}: {variant} has no run(job, emit) method")
-        return adapter  # type: ignore[no-any-return]
-    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(f'{n}:unfixed|fixed' for n in REGISTRY)}; "
-                      "or give module:attr")
-
-
-__all__ = ["DEFAULT_TARGET", "DROPPED_OUTCOMES", "Emit", "ErrorInfo", "OUTCOMES", "REGISTRY", "RolloutJob",
-           "SampleRecord", "TOKENS_SOURCES", "TargetAdapter", "TargetError", "TrajectorySpec", "check_target_spec",
-           "resolve_target", "tokens_source_of"]
+__all__ = ["DEFAULT_TARGET", "Emit", "REGISTRY", "RETOKENIZED", "RolloutJob", "SERVED", "TOKENS_SOURCES",
+           "TargetAdapter", "TargetError", "TrajectorySpec", "check_target_spec", "resolve_target", "tokens_source_of"]

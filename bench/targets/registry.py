@@ -1,0 +1,84 @@
+"""The registry of targets: built-in names, plug-ins given as `module:attr`, and how each resolves.
+
+A target is named `NAME[:VARIANT]` (`ref-gather:fixed`) or given as `module:attr` (`mymodule:Target`,
+`my_pkg.targets:attr`), where `attr` is an adapter instance, or a class or factory called with the variant
+(if any). Names resolve lazily: a real framework's adapter imports only in the worker that runs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable
+
+from .base import SERVED, TOKENS_SOURCES, TargetAdapter
+
+# Built-in targets: name -> "module:class", imported on first use (each is called with its variant).
+REGISTRY: dict[str, str] = {
+    "ref-gather": "bench.targets.reference.gather:RefGather",
+    "ref-accumulator": "bench.targets.reference.accumulator:RefAccumulator",
+    "ref-replay-buffer": "bench.targets.reference.replay_buffer:RefReplayBuffer",
+    "ref-scheduler": "bench.targets.reference.scheduler:RefScheduler",
+    "ref-tool-loop": "bench.targets.reference.tool_loop:RefToolLoop",
+    "verifiers": "bench.targets.frameworks.verifiers.target:VerifiersTarget",
+    "miles": "bench.targets.frameworks.miles.target:MilesTarget",
+    "slime": "bench.targets.frameworks.slime.target:SlimeTarget",
+}
+DEFAULT_TARGET = "ref-gather:unfixed"
+
+
+class TargetError(ValueError):
+    """A target name or path that resolves to nothing usable."""
+
+
+def _is_module(name: str) -> bool:
+    """A module path a plug-in can live at (`mymodule`, `my_pkg.targets`); a built-in's name has a dash."""
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def tokens_source_of(target: Any) -> str:
+    """Where a target's sample tokens come from: "served" (the server's token ids, the default) or
+    "retokenized" (its framework re-tokenises the text it was served; provenance then compares text)."""
+    source = getattr(target, "tokens_source", SERVED)
+    if source not in TOKENS_SOURCES:
+        raise TargetError(f"target {getattr(target, 'name', target)!r}: tokens_source {source!r} is not one of "
+                          f"{', '.join(TOKENS_SOURCES)}")
+    return str(source)
+
+
+def check_target_spec(spec: str) -> None:
+    """Fail early on a name that can never resolve, without importing the target (it may live in another venv)."""
+    name, _, variant = spec.partition(":")
+    if name in REGISTRY or (_is_module(name) and variant):
+        return
+    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(REGISTRY)}; or give module:attr")
+
+
+def resolve_target(spec: str) -> TargetAdapter:
+    """`ref-gather:fixed`, `ref-gather` (unfixed), or `module:attr` (`mymodule:Target`, `pkg.module:attr`)."""
+    name, _, variant = spec.partition(":")
+    if name in REGISTRY:
+        module_name, _, class_name = REGISTRY[name].partition(":")
+        try:
+            factory: Callable[[str], Any] = getattr(importlib.import_module(module_name), class_name)
+            return factory(variant or "unfixed")  # type: ignore[no-any-return]
+        except ImportError as error:
+            raise TargetError(f"target {spec!r} cannot be imported by {sys.executable}: {error} (build its "
+                              "environment with `make targets`, or pass --python)") from None
+        except ValueError as error:
+            raise TargetError(f"target {spec!r}: {error}") from None
+    if _is_module(name) and variant:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as error:
+            raise TargetError(f"target {spec!r}: cannot import {name}: {error}") from None
+        try:
+            attr = getattr(module, variant)
+        except AttributeError:
+            raise TargetError(f"target {spec!r}: module {name} has no attribute {variant!r}") from None
+        adapter = attr() if isinstance(attr, type) or (callable(attr) and not hasattr(attr, "run")) else attr
+        if not hasattr(adapter, "run"):
+            raise TargetError(f"target {spec!r}: {variant} has no run(job, emit) method")
+        return adapter  # type: ignore[no-any-return]
+    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(f'{n}:unfixed|fixed' for n in REGISTRY)}; "
+                      "or give module:attr")
