@@ -24,22 +24,8 @@ from hypothesis import strategies as st
 
 from bench.synth.common import sampling_params
 from bench.tokenizer import TOKENIZER_NAME, load_tokenizer
-from bench.trace import (
-    SCHEMA_VERSION,
-    Latency,
-    Prompt,
-    Request,
-    Response,
-    ResponseError,
-    TokenizerInfo,
-    ToolCall,
-    ToolOutput,
-    TraceHeader,
-    TraceSource,
-    TraceWriter,
-    Trajectory,
-    Turn,
-)
+from bench.trace import (SCHEMA_VERSION, Latency, Prompt, Request, Response, ResponseError, TokenizerInfo, ToolCall,
+                         ToolOutput, TraceHeader, TraceSource, TraceWriter, Trajectory, Turn)
 from faults.strategies import fault_names, fault_params, faults, plans, rule_values, rules, schedule_values, sub_plans
 
 _TOKENIZER = load_tokenizer()
