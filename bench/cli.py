@@ -243,7 +243,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from bench.isolation.process import worker_env
     from bench.isolation.warm_client import running_warm, socket_path, start_warm, stop_warm
     from bench.targets import check_target_spec
-    from bench.targets.envs import target_python
+    from bench.targets.frameworks.envs import target_python
 
     check_target_spec(args.target)
     python = args.python or target_python(args.target) or sys.executable

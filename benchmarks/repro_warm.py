@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from bench.isolation.warm_client import RUNTIME_ENV
-    from bench.targets.envs import target_python
+    from bench.targets.frameworks.envs import target_python
 
     args = parse_args(argv)
     target = args.target or ("miles" if target_python("miles") else "ref-gather")

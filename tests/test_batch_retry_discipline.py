@@ -14,7 +14,7 @@ import asyncio
 from bench import ErrorInfo, RunConfig, RunResult, SampleRecord, run
 from bench.invariants import Bounds, RunView, check_all
 from bench.invariants.churn import measure_churn
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from bench.targets.reference.scheduler import MAX_RESCHEDULES
 from faults import resolve_plan
 

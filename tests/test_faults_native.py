@@ -28,8 +28,8 @@ import faults.catalogue  # noqa: F401  (registers every fault)
 from bench import raise_if_poisoned
 from bench.replay.store import RecordedTrajectory
 from bench.server import BenchServer, ServerThread
-from bench.targets.hooks import POISON_MARKER, InjectedFault
 from faults import FAULTS, plan_from_specs
+from faults.hooks import POISON_MARKER, InjectedFault
 from tests.server_helpers import request, turn_input
 
 EOS = 1758

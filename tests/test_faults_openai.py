@@ -23,10 +23,10 @@ import pytest
 
 import faults.catalogue  # noqa: F401  (registers every fault type)
 from bench.server import ServerThread
-from bench.targets.hooks import POISON_MARKER
 from bench.trace import Trajectory, open_trace
 from bench.trace.shipped import shipped_trace
 from faults import FAULTS, plan_from_specs
+from faults.hooks import POISON_MARKER
 from tests.server_helpers import request
 
 CHAT, COMPLETIONS, GENERATE = "/v1/chat/completions", "/v1/completions", "/inference/v1/generate"

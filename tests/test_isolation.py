@@ -11,7 +11,7 @@ import pytest
 from bench import ErrorInfo, RolloutJob, RunConfig, RunResult, SampleRecord, TrajectorySpec, run
 from bench.isolation import IsolatedTarget
 from bench.isolation.protocol import job_from_json, job_to_json, record_from_dict, record_to_dict
-from bench.targets.envs import target_python
+from bench.targets.frameworks.envs import target_python
 from faults import resolve_plan
 from tests.process_helpers import alive
 

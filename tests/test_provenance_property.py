@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from bench import SampleRecord
 from bench.invariants import RunView
 from bench.invariants.provenance import ABS_TOL, REL_TOL, assess
-from bench.records.requests import RequestLog, RequestRecord
+from bench.records.request_log import RequestLog, RequestRecord
 from bench.records.served_tokens import ServedTokens
 from bench.replay import pack
 

@@ -13,12 +13,13 @@ import pytest
 
 from bench import RunConfig, RunResult, SampleRecord, run
 from bench.invariants import Bounds, RunView, context_budget
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from bench.targets import TargetError, resolve_target
-from bench.targets.hooks import emit_command
-from bench.targets.reference.tool_loop import RecordedTools, parse_tool_calls, tool_message
+from bench.targets.recorded_tools import RecordedTools
+from bench.targets.reference.tool_loop import parse_tool_calls, tool_message
 from bench.tokenizer import load_tokenizer
 from faults import Plan, plan_from_specs, resolve_plan
+from faults.hooks import emit_command
 
 CONTEXT = 8192  # agentic-500's context length
 # Multi-turn: up to 50 recorded turns each, replayed again when an aborted sample is resubmitted.

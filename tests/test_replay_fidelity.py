@@ -15,7 +15,7 @@ import pytest
 
 from bench import RunConfig, RunResult, run_blocking
 from bench.invariants import Bounds, RunView, replay_fidelity
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from bench.report import format_summary, write_report
 from faults import FaultEvent, resolve_plan
 

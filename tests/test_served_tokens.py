@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import tracemalloc
 
-from bench.records.requests import RequestLog, RequestRecord
+from bench.records.request_log import RequestLog, RequestRecord
 from bench.records.served_tokens import EARLIER, PREFIX, ROOT, ServedTokens, token_digest
 from bench.replay import pack
 

@@ -21,9 +21,9 @@ import pytest
 from bench import RunConfig, RunResult, SampleRecord, run
 from bench.invariants import Bounds
 from bench.orchestration.repro import load_repro, write_repro
-from bench.targets.envs import target_python
-from bench.targets.hooks import POISON_MARKER
+from bench.targets.frameworks.envs import target_python
 from faults import Plan, resolve_plan
+from faults.hooks import POISON_MARKER
 
 CONTEXT = 8192  # agentic-500's context length
 POISONED = "g00120-3"

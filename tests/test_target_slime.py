@@ -20,7 +20,7 @@ import pytest
 
 from bench import RolloutJob, RunConfig, RunResult, TrajectorySpec, run
 from bench.targets import TargetError, resolve_target
-from bench.targets.envs import target_python
+from bench.targets.frameworks.envs import target_python
 from bench.targets.frameworks.slime.family import OptionError, build_args, check_options
 from bench.targets.frameworks.slime.target import PATH_ENV, Slime, checkout
 from faults import Plan, resolve_plan

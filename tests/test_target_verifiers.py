@@ -17,7 +17,7 @@ import pytest
 from bench import RunConfig, RunResult, SampleRecord, run
 from bench.invariants import Bounds
 from bench.targets import TargetError, resolve_target
-from bench.targets.envs import target_python
+from bench.targets.frameworks.envs import target_python
 from bench.targets.frameworks.verifiers.records import assemble
 from bench.targets.reference.scheduler import reschedules
 from bench.trace import Trajectory, open_trace

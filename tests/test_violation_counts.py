@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench import SampleRecord
 from bench.invariants import Bounds, RunView, check_all
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from bench.report.summary import format_summary
 
 CONTEXT = 1000

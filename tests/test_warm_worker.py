@@ -22,7 +22,7 @@ from bench.cli import main as cli_main
 from bench.isolation.process import worker_env
 from bench.isolation.warm_client import RUNTIME_ENV, socket_path, start_warm
 from bench.orchestration.repro import load_repro, write_repro
-from bench.targets.envs import target_python
+from bench.targets.frameworks.envs import target_python
 from faults import resolve_plan
 from tests.process_helpers import alive
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from bench.records.sample import ErrorInfo, SampleRecord
 from bench.records.served_tokens import ServedTokens
 from faults import FaultEvent, Plan

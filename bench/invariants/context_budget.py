@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict
 from typing import Any
 
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 
 from .base import RunView, Violation, preceding
 

@@ -22,14 +22,14 @@ from array import array
 from dataclasses import replace
 from typing import Any
 
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from bench.records.sample import ErrorInfo, SampleRecord
 from faults import FaultEvent, fault_class
 from faults.base import FaultError
 
 CONSUMED, DELIVERED, NOT_CONSUMED, NOT_DELIVERED = "consumed", "delivered", "not consumed", "not delivered"
 NOT_REACHED = (NOT_CONSUMED, NOT_DELIVERED)  # could not have acted: no drop, no crash is put down to it
-_POISON = "raise_after_generate"  # acts through the target's post-processing (`bench.targets.hooks`)
+_POISON = "raise_after_generate"  # acts through the target's post-processing (`faults.hooks`)
 _KEPT = ("completed", "truncated")
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from faults import FaultEvent
 
 from .base import RunView, Violation

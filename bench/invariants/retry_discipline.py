@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 
 from .base import RunView, Violation, preceding
 from .churn import measure_churn

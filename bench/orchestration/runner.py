@@ -22,19 +22,19 @@ from bench.invariants import Bounds, HangReport, RunView, Violation, check_all, 
 from bench.invariants.fault_reach import with_reach
 from bench.isolation import IsolatedTarget, TargetCrashed, TargetStartError
 from bench.records import attribution
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from bench.records.sample import ErrorInfo, SampleRecord
 from bench.records.served_tokens import ServedTokens
 from bench.replay.store import RecordedTrajectory
 from bench.targets import (DEFAULT_TARGET, RolloutJob, TargetAdapter, TrajectorySpec, check_target_spec,
                            resolve_target, tokens_source_of)
-from bench.targets.envs import target_python
+from bench.targets.frameworks.envs import target_python
 from bench.tokenizer import tokenizer_path
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import FaultEvent, Plan
 
 from .known import KnownViolation, resolve_known, split
-from .progress import progress_bar
+from bench.progress import progress_bar
 
 DEFAULT_PLAN = "seed-000"
 ISOLATIONS = ("process", "inline")

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from bench.records.requests import RequestLog, RequestRecord
+from bench.records.request_log import RequestLog, RequestRecord
 from bench.replay.store import TraceStore
 from bench.server.router import GENERATION_ROUTES
 

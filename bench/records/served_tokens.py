@@ -22,7 +22,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-from .requests import RequestRecord
+from .request_log import RequestRecord
 
 ROOT, PREFIX, EARLIER = "root", "prefix", "earlier"
 _INT32 = 4

@@ -9,7 +9,7 @@ import pandas as pd
 
 from bench.invariants.fault_reach import NOT_REACHED
 from bench.orchestration.runner import RunResult
-from bench.records.requests import COLUMNS as REQUEST_COLUMNS
+from bench.records.request_log import COLUMNS as REQUEST_COLUMNS
 from faults.log import COLUMNS as FAULT_COLUMNS
 
 TABLES = ("trajectories", "requests", "faults")

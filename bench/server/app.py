@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.records.requests import RequestLog, RequestRecord
+from bench.records.request_log import RequestLog, RequestRecord
 from bench.replay import TraceStore
 from bench.tokenizer import TOKENIZER_NAME, load_tokenizer
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace

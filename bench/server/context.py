@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from bench.records.requests import RequestLog
+from bench.records.request_log import RequestLog
 from bench.records.served_tokens import ServedTokens
 from bench.replay import GenerateParams, Generation, Identifier, Identity, TraceStore, build_generation, pack
 from bench.tokenizer import ByteBPETokenizer

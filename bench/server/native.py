@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from bench.records.attribution import TRAJECTORY_HEADER
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from bench.replay import Generation, context_error
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
 

@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from bench.records.requests import RequestRecord
+from bench.records.request_log import RequestRecord
 from bench.replay import Generation, pack
 from faults import Exchange
 

@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 from faker import Faker
 
 from bench import __version__
-from bench.orchestration.progress import progress
+from bench.progress import progress
 from bench.tokenizer import TOKENIZER_NAME, ByteBPETokenizer, load_tokenizer
 from bench.trace import SCHEMA_VERSION, TokenizerInfo, TraceHeader, TraceSource, TraceWriter, Trajectory
 

@@ -16,7 +16,9 @@ from typing import Any
 
 from bench._moved import moved_attribute
 
-from .base import RETOKENIZED, SERVED, TOKENS_SOURCES, Emit, RolloutJob, TargetAdapter, TrajectorySpec
+from bench.records.sample import RETOKENIZED, SERVED, TOKENS_SOURCES
+
+from .base import Emit, RolloutJob, TargetAdapter, TrajectorySpec
 from .registry import DEFAULT_TARGET, REGISTRY, TargetError, check_target_spec, resolve_target, tokens_source_of
 
 _MOVED = {name: "bench.records.sample" for name in ("SampleRecord", "ErrorInfo", "OUTCOMES", "DROPPED_OUTCOMES")}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from bench.records.sample import RETOKENIZED, SERVED, TOKENS_SOURCES, SampleRecord
+from bench.records.sample import SampleRecord
 from faults import Rule
 
 Emit = Callable[[SampleRecord], None]

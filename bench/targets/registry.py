@@ -11,7 +11,9 @@ import importlib
 import sys
 from typing import Any, Callable
 
-from .base import SERVED, TOKENS_SOURCES, TargetAdapter
+from bench.records.sample import SERVED, TOKENS_SOURCES
+
+from .base import TargetAdapter
 
 # Built-in targets: name -> "module:class", imported on first use (each is called with its variant).
 REGISTRY: dict[str, str] = {

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.orchestration.progress import progress
+from bench.progress import progress
 
 from . import TraceHeader, open_trace
 

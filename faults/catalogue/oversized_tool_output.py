@@ -8,7 +8,7 @@ import json
 import struct
 from typing import Any
 
-from bench.targets.hooks import emit_command
+from faults.hooks import emit_command
 
 from ..base import Fault, FaultError, register
 from ..exchange import Exchange

@@ -1,10 +1,10 @@
 """`raise_after_generate`: a valid reply that makes the target's post-processing raise.
 
-The reply carries `bench.targets.hooks.POISON_MARKER`; adapters call `bench.targets.hooks.raise_if_poisoned`
+The reply carries `faults.hooks.POISON_MARKER`; adapters call `faults.hooks.raise_if_poisoned`
 where real code would parse or score the reply (slime#2078: one trajectory in ~400).
 """
 
-from bench.targets.hooks import POISON_MARKER
+from faults.hooks import POISON_MARKER
 
 from ..base import Fault, register
 from ..exchange import Exchange

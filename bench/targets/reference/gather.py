@@ -1,7 +1,7 @@
 """`ref-gather`: a group rollout in the shape of slime's `generate_and_rm_group` (seed mode 000).
 
 Each trajectory generates once, then post-processes its reply (parse and score; the place
-where agentic rollouts raise after `generate()` returned: `bench.targets.hooks.raise_if_poisoned`).
+where agentic rollouts raise after `generate()` returned: `faults.hooks.raise_if_poisoned`).
 
 - `unfixed`: a bare `asyncio.gather` over the group's trajectories and over the groups. One
   trajectory raising propagates out of its group, then out of the whole rollout; the other
@@ -19,10 +19,10 @@ import logging
 import aiohttp
 
 from bench.records.sample import ErrorInfo, SampleRecord
+from faults.hooks import raise_if_poisoned
 
 from ..base import Emit, RolloutJob, TrajectorySpec
 from ..client import generate, output_of
-from ..hooks import raise_if_poisoned
 from . import ReferenceTarget
 
 log = logging.getLogger(__name__)

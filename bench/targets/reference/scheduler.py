@@ -47,10 +47,10 @@ import aiohttp
 
 from bench.records.attribution import TRAJECTORY_HEADER
 from bench.records.sample import ErrorInfo, SampleRecord
+from faults.hooks import raise_if_poisoned
 
 from ..base import Emit, RolloutJob, TrajectorySpec
 from ..client import output_of
-from ..hooks import raise_if_poisoned
 from . import ReferenceTarget
 
 log = logging.getLogger(__name__)

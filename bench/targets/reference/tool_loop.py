@@ -10,9 +10,9 @@ The rollout manager around it resubmits an ABORTED sample object (the same objec
 slime's buffer does) when the client-side `stale_retry` rule fires for the aborted attempt;
 otherwise the sample is kept as an ABORTED placeholder (loss mask zeroed, reward 0).
 
-Tools are not run: `RecordedTools` answers each call with the output recorded in the trace
+Tools are not run: `RecordedTools` (`bench.targets.recorded_tools`) answers each call with the output recorded in the trace
 for that turn, so the next request is the recorded one and the replay keeps matching; the
-`oversized_tool_output` fault's command (`bench.targets.hooks.emit_command(n)`) yields exactly n
+`oversized_tool_output` fault's command (`faults.hooks.emit_command(n)`) yields exactly n
 bytes of "x" (parsed, never given to a shell).
 
 - `unfixed` (slime#1861 before the fix), four ways to desync tokens, logprobs and loss mask:
@@ -41,20 +41,18 @@ import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from bench.records.sample import ErrorInfo, SampleRecord
 from bench.tokenizer import ByteBPETokenizer, load_tokenizer
-from bench.trace import open_trace
 from bench.trace.shipped import shipped_trace
 from faults import Rule, Target
 
 from ..base import Emit, RolloutJob, TrajectorySpec
 from ..client import generate, output_of
-from ..hooks import emit_command
+from ..recorded_tools import RecordedTools
 from . import ReferenceTarget
 
 log = logging.getLogger(__name__)
@@ -66,8 +64,6 @@ PENDING, COMPLETED, TRUNCATED, ABORTED = "PENDING", "COMPLETED", "TRUNCATED", "A
 _OUTCOME = {COMPLETED: "completed", TRUNCATED: "truncated", ABORTED: "aborted"}
 
 _TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
-_SIZE = "123456789"
-_EMIT = re.compile(re.escape(emit_command(int(_SIZE))).replace(_SIZE, r"(\d+)"))
 
 
 def parse_tool_calls(text: str) -> list[dict[str, Any]]:
@@ -88,51 +84,6 @@ def tool_message(outputs: list[str]) -> str:
     """What the chat template appends after a tool-calling turn (as `bench.synth.agentic` records it)."""
     return "".join(f"\n<|im_start|>user\n<tool_response>\n{out}\n</tool_response><|im_end|>" for out in outputs) \
         + "\n<|im_start|>assistant\n"
-
-
-class RecordedTools:
-    """The tool sandbox, replayed: each call gets the output the trace recorded for it."""
-
-    def __init__(self, outputs: dict[str, list[list[tuple[str, dict[str, Any], str]]]],
-                 rewards: dict[str, float | None]) -> None:
-        self._outputs = outputs  # trajectory -> turn -> [(tool name, arguments, output text)]
-        self.rewards = rewards
-
-    @classmethod
-    def load(cls, path: str | Path, specs: list[TrajectorySpec]) -> "RecordedTools":
-        """Read the job's trajectories from the trace (those whose prompt matches the job's)."""
-        wanted = {spec.id: spec for spec in specs}
-        outputs: dict[str, list[list[tuple[str, dict[str, Any], str]]]] = {}
-        rewards: dict[str, float | None] = {}
-        with open_trace(path, check=False) as reader:
-            for number, line in reader.lines():
-                if reader.ids(number, line)[0] not in wanted:  # the others are skipped undecoded
-                    continue
-                trajectory = reader.decode(number, line)
-                spec = wanted.get(trajectory.id)
-                if spec is None or list(trajectory.prompt.ids) != list(spec.prompt_ids):
-                    continue
-                turns = []
-                for turn in trajectory.turns:
-                    texts = {out.call_id: out.text for out in turn.tool_outputs}
-                    turns.append([(call.name, json.loads(call.arguments), texts.get(call.id, ""))
-                                  for call in turn.tool_calls])
-                outputs[trajectory.id] = turns
-                rewards[trajectory.id] = trajectory.reward
-        return cls(outputs, rewards)
-
-    def run(self, trajectory: str, turn: int, call: dict[str, Any]) -> str:
-        """The output of one tool call made at `turn` of `trajectory`."""
-        command = call["arguments"].get("command")
-        if call["name"] == "bash" and isinstance(command, str):
-            emitted = _EMIT.fullmatch(command.strip())
-            if emitted:
-                return "x" * int(emitted.group(1))  # what `head -c N /dev/zero | tr '\0' x` prints
-        turns = self._outputs.get(trajectory, [])
-        for name, arguments, text in turns[turn] if turn < len(turns) else []:
-            if name == call["name"] and arguments == call["arguments"]:
-                return text
-        return f"error: tool {call['name']!r} failed: no such call in this sandbox"
 
 
 @dataclass

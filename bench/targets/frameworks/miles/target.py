@@ -4,7 +4,7 @@ The 0.0.2 default is the legacy path `miles.rollout.sglang_rollout` (`generate_r
 `generate_and_rm_group(args, group, sampling_params, evaluation)`, the `GenerateState`
 singleton); traces with tool calls go through miles' own multi-turn generator
 (`miles.rollout.generate_hub.multi_turn`). Variants: `unfixed` (miles as shipped) and
-`patched` (the fixed group pattern of `slime_family_patch` applied at run time).
+`patched` (the fixed group pattern of `frameworks/slime/patch.py` applied at run time).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ One run, in the target's own process:
   httpx client bound to the framework's loop, `load_function`'s cache, the eval dataset cache);
 - the trace's prompts become the framework's `Sample`s, one group per trace group, fed through a
   data source (train) or an eval dataset file (eval); the framework's plug-in switches point at
-  `slime_family_plugins` (reward with the seed-000 hook, trajectory naming, replayed tools);
+  `plugins` (reward with the seed-000 hook, trajectory naming, replayed tools);
 - each returned `Sample` becomes a `SampleRecord` with the framework's evidence in `details`.
   An exception out of the framework's rollout leaves `run` unchanged: that batch is lost.
 
@@ -45,7 +45,7 @@ from urllib.parse import urlparse
 
 from bench.records.sample import ErrorInfo, SampleRecord
 from bench.targets.base import Emit, RolloutJob, TrajectorySpec
-from bench.targets.reference.tool_loop import RecordedTools
+from bench.targets.recorded_tools import RecordedTools
 from bench.trace import open_trace
 from bench.trace.shipped import SHIPPED_TRACES, shipped_trace
 from faults import Target

@@ -2,7 +2,7 @@
 
 Both frameworks take user code through their own switches: `--custom-generate-function-path`,
 `--custom-rm-path`, and for miles' multi-turn generator `--generate-tool-specs-path` and
-`--generate-execute-tool-function-path`. The adapter (`slime_family.py`) points those
+`--generate-execute-tool-function-path`. The adapter (`family.py`) points those
 switches here, so everything between them stays the framework's own code:
 
 - `generate` wraps the generate function that would run anyway (the framework's default, or
@@ -11,10 +11,10 @@ switches here, so everything between them stays the framework's own code:
   (`X-Bench-Trajectory`), which makes fault decisions exact at any concurrency, and the tool
   executor knows whose tool call it is running.
 - `reward` is the post-processing step where seed mode 000 strikes: it calls
-  `bench.targets.hooks.raise_if_poisoned` on the reply, then scores it (the user's reward function
+  `faults.hooks.raise_if_poisoned` on the reply, then scores it (the user's reward function
   if one was given, else the reward the trace recorded).
 - `TOOL_SPECS` and `execute_tool` replay the trace's tools: each call gets the output the
-  trace recorded for it, or what `bench.targets.hooks.emit_command` prints (`oversized_tool_output`).
+  trace recorded for it, or what `faults.hooks.emit_command` prints (`oversized_tool_output`).
 
 `configure()` installs one run's settings; each worker process runs one job at a time.
 """
@@ -27,8 +27,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from bench.targets.hooks import raise_if_poisoned
-from bench.targets.reference.tool_loop import RecordedTools
+from bench.records.attribution import TRAJECTORY_HEADER
+from bench.targets.recorded_tools import RecordedTools
+from faults.hooks import raise_if_poisoned
 
 META_KEY = "rollout_bench"  # the key of our entry in `Sample.metadata`
 

@@ -1,6 +1,6 @@
 """`slime`: slime's real rollout code (THUDM/slime, source only), run from a checkout against the bench server.
 
-The adapter is the slime family's (`slime_family.py`); what is slime's own:
+The adapter is the slime family's (`family.py`, shared with miles); what is slime's own:
 - it is imported from a checkout: the `slime_path` target option, else `ROLLOUT_BENCH_SLIME_PATH`,
   else a `slime` already importable (on `PYTHONPATH`);
 - `init_http_client` counts engines with `rollout_num_engines` (0 makes it a no-op and every post

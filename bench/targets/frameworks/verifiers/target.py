@@ -26,7 +26,7 @@ trace of the trajectories' kind), `max_reschedules` / `max_group_retries` (the s
 
 Variants name what consumes the rollouts; verifiers itself is the same in all three:
 - `plain`: each group once, every rollout reported as verifiers left it (errors as `failed`).
-- `unfixed` (default): prime-rl's scheduler before #2579 (`ref_scheduler.schedule_groups`):
+- `unfixed` (default): prime-rl's scheduler before #2579 (`reference.scheduler.schedule_groups`):
   a group with an errored rollout is replaced by a new group, whatever the error.
 - `fixed`: prime-rl#2579 consuming verifiers#1427's `is_retryable` flag: retryable errors get
   a replacement group, anything else fails the batch fast. verifiers 0.1.14 does not write the
@@ -46,8 +46,8 @@ from typing import Any, Callable
 
 from bench.records.attribution import TRAJECTORY_HEADER
 from bench.targets.base import Emit, RolloutJob, TrajectorySpec
+from bench.targets.recorded_tools import RecordedTools
 from bench.targets.reference.scheduler import RolloutState, schedule_groups
-from bench.targets.reference.tool_loop import RecordedTools
 from bench.trace import open_trace
 from bench.trace.shipped import shipped_trace
 

@@ -23,7 +23,7 @@ def targets_dir() -> Path:
     configured = os.environ.get("ROLLOUT_BENCH_TARGETS_DIR")
     if configured:
         return Path(configured)
-    checkout = Path(__file__).resolve().parents[2]
+    checkout = Path(__file__).resolve().parents[3]  # bench/targets/frameworks/envs.py -> the checkout
     if (checkout / "pyproject.toml").exists():
         return checkout / ".targets"
     return Path.cwd() / ".targets"
