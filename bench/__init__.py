@@ -47,19 +47,29 @@ _PUBLIC: dict[str, str] = {
     "DROPPED_OUTCOMES": "bench.records.sample",
     "TRAJECTORY_HEADER": "bench.records.attribution",
     "trajectory_scope": "bench.records.attribution",
-    "raise_if_poisoned": "bench.targets.hooks",
+    "raise_if_poisoned": "faults.hooks",
 }
 _RENAMED = {"load_report": "load", "wilson_interval": "wilson"}  # public name -> its name in the defining module
 
 if TYPE_CHECKING:
-    from bench.orchestration.runner import RunConfig, RunResult, run, run_blocking
-    from bench.records.attribution import TRAJECTORY_HEADER, trajectory_scope
-    from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES, ErrorInfo, SampleRecord
-    from bench.report import format_summary
+    from bench.orchestration.runner import RunConfig as RunConfig
+    from bench.orchestration.runner import RunResult as RunResult
+    from bench.orchestration.runner import run as run
+    from bench.orchestration.runner import run_blocking as run_blocking
+    from bench.records.attribution import TRAJECTORY_HEADER as TRAJECTORY_HEADER
+    from bench.records.attribution import trajectory_scope as trajectory_scope
+    from bench.records.sample import DROPPED_OUTCOMES as DROPPED_OUTCOMES
+    from bench.records.sample import OUTCOMES as OUTCOMES
+    from bench.records.sample import ErrorInfo as ErrorInfo
+    from bench.records.sample import SampleRecord as SampleRecord
+    from bench.report import format_summary as format_summary
     from bench.report import load as load_report
     from bench.report.intervals import wilson as wilson_interval
-    from bench.targets.base import Emit, RolloutJob, TargetAdapter, TrajectorySpec
-    from bench.targets.hooks import raise_if_poisoned
+    from bench.targets.base import Emit as Emit
+    from bench.targets.base import RolloutJob as RolloutJob
+    from bench.targets.base import TargetAdapter as TargetAdapter
+    from bench.targets.base import TrajectorySpec as TrajectorySpec
+    from faults.hooks import raise_if_poisoned as raise_if_poisoned
 
 
 def __getattr__(name: str) -> Any:
@@ -74,6 +84,8 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_PUBLIC])
 
 
-__all__ = sorted(_PUBLIC)
+__all__ = ["DROPPED_OUTCOMES", "Emit", "ErrorInfo", "OUTCOMES", "RolloutJob", "RunConfig", "RunResult", "SampleRecord",
+           "TRAJECTORY_HEADER", "TargetAdapter", "TrajectorySpec", "format_summary", "load_report", "raise_if_poisoned",
+           "run", "run_blocking", "trajectory_scope", "wilson_interval"]
 
 _moved.install()

@@ -2,8 +2,12 @@
 
 A plug-in, notebook or conftest written against the older layout (`bench.runner`, `bench.targets.record`,
 `bench.pytest_plugin`...) still imports: each old module path resolves to the module at its new home, the
-very same object, with a DeprecationWarning naming where it went. The tables below are the whole story:
-nothing else is aliased, and nothing here is used by the bench itself.
+very same object, with a DeprecationWarning naming where it went. `bench`, `bench.targets` use it for
+names; the table below is the whole story for modules. The bench's own code never imports an old path
+(`tests/test_layout.py` holds it).
+
+Patching an old path (`mock.patch("bench.runner.run")`) patches the new module, since it is the same object;
+patching a moved *name* on its old package (`bench.targets.SampleRecord`) patches only that package.
 """
 
 from __future__ import annotations
@@ -19,15 +23,15 @@ from typing import Any, Sequence
 MOVED_MODULES: dict[str, str] = {
     "bench.attribution": "bench.records.attribution",
     "bench.targets.record": "bench.records.sample",
-    "bench.server.request_log": "bench.records.requests",
+    "bench.server.request_log": "bench.records.request_log",
     "bench.server.served_tokens": "bench.records.served_tokens",
     "bench.fault_reach": "bench.invariants.fault_reach",
     "bench.runner": "bench.orchestration.runner",
     "bench.repro": "bench.orchestration.repro",
     "bench.known": "bench.orchestration.known",
-    "bench.progress": "bench.orchestration.progress",
     "bench.watchdog": "bench.orchestration.watchdog",
-    "bench.hooks": "bench.targets.hooks",
+    "bench.hooks": "faults.hooks",
+    "bench.targets.envs": "bench.targets.frameworks.envs",
     "bench.paths": "bench.trace.shipped",
     "bench.trace_stats": "bench.trace.stats",
     "bench.sweep_grid": "bench.sweep.grid",
@@ -55,9 +59,10 @@ def _warn(message: str, *, skip: int = 0) -> None:
     """Warn at the line that imported: the first frame outside the import machinery and this module, after
     `skip` more (a module `__getattr__` between them)."""
     frame, level = sys._getframe(1), 2
-    while frame is not None and frame.f_code.co_filename in (__file__, "<frozen importlib._bootstrap>"):
-        if frame.f_code.co_filename == __file__:
-            level += 1  # warnings skips the import machinery's frames itself, so only ours count
+    while frame is not None and (frame.f_code.co_filename in (__file__, "<frozen importlib._bootstrap>")
+                                 or frame.f_globals.get("__name__") == "importlib"):
+        if not frame.f_code.co_filename.startswith("<frozen importlib"):
+            level += 1  # warnings skips the frozen import machinery's frames itself; ours and importlib's count
         frame = frame.f_back
     warnings.warn(message, DeprecationWarning, stacklevel=level + skip)
 
@@ -73,6 +78,10 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None
+
+    def get_code(self, fullname: str) -> None:
+        """`python -m <old path>`: say where the module went instead of a loader's AttributeError."""
+        raise ImportError(f"{fullname} moved to {MOVED_MODULES[fullname]}: run that instead")
 
     def exec_module(self, module: ModuleType) -> None:
         new = MOVED_MODULES[module.__name__]

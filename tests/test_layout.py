@@ -30,6 +30,9 @@ RULES = [
     ("bench.invariants", "bench.server", "invariants judge what a run recorded, not how the server works"),
     ("bench.invariants", "bench.targets", "invariants judge records whatever target produced them"),
     ("bench.records", "bench", "records are the shared ground: they import nothing else of the bench"),
+    ("faults", "bench", "the fault engine stands alone: the bench uses it, never the other way round"),
+    *((layer, "bench.orchestration", "a lower layer never depends on how a run is orchestrated")
+      for layer in ("bench.trace", "bench.tokenizer", "bench.synth", "bench.replay", "bench.records")),
 ]
 
 
@@ -37,11 +40,23 @@ def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _type_only(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:`: annotations, not a dependency at run time."""
+    return {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for statement in node.body for inner in ast.walk(statement)}
+
+
 def imports_of(module: str, source: str, *, is_package: bool) -> set[str]:
-    """Every bench module `module` imports, at the top or inside a function, relative imports resolved."""
+    """Every bench module `module` imports at run time (at the top or inside a function; not the names
+    imported for annotations under `if TYPE_CHECKING:`), relative imports resolved."""
     found: set[str] = set()
     here = module.split(".") if is_package else module.split(".")[:-1]
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    type_only = _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -67,7 +82,7 @@ def broken_rules(modules: dict[str, tuple[str, bool]]) -> list[str]:
 
 def package_modules() -> dict[str, tuple[str, bool]]:
     modules = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "faults").rglob("*.py")]:
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         is_package = parts[-1] == "__init__"
         name = ".".join(parts[:-1] if is_package else parts)
@@ -76,7 +91,7 @@ def package_modules() -> dict[str, tuple[str, bool]]:
 
 
 def test_the_public_api_is_the_objects_that_do_the_work() -> None:
-    assert PROMISED <= set(bench.__all__)
+    assert PROMISED <= set(bench.__all__) and sorted(bench.__all__) == sorted(bench._PUBLIC)
     for name in bench.__all__:
         home = importlib.import_module(bench._PUBLIC[name])
         assert getattr(bench, name) is getattr(home, bench._RENAMED.get(name, name)), name
@@ -93,7 +108,7 @@ def test_importing_bench_alone_stays_cheap() -> None:
 
 def test_imports_go_one_way() -> None:
     modules = package_modules()
-    assert len(modules) > 100 and "bench.records.sample" in modules and "bench.invariants.provenance" in modules
+    assert len(modules) > 100 and {"bench.records.sample", "bench.invariants.provenance", "faults.engine"} <= set(modules)
     assert broken_rules(modules) == []
 
 
@@ -105,6 +120,10 @@ def test_the_rule_check_catches_an_import_the_wrong_way() -> None:
         "bench.targets.reference.bad": ("from bench import server\n", False),
         "bench.records.bad": ("from bench.orchestration import runner\n", False),
         "bench.targets.fine": ("from bench.records import sample\nfrom . import base\n", False),
+        "faults.catalogue.bad": ("from bench.targets import hooks\n", False),
+        "bench.synth.bad": ("from bench.orchestration.progress import progress\n", False),
+        "faults.fine": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from bench.replay import Generation\n",
+                        False),
     }
     assert broken_rules(bad) == [
         "bench.invariants.bad imports bench.server.context (invariants judge what a run recorded, not how the "
@@ -112,20 +131,34 @@ def test_the_rule_check_catches_an_import_the_wrong_way() -> None:
         "bench.invariants.bad imports bench.targets (invariants judge records whatever target produced them)",
         "bench.records.bad imports bench.orchestration (records are the shared ground: they import nothing else "
         "of the bench)",
+        "bench.records.bad imports bench.orchestration (a lower layer never depends on how a run is orchestrated)",
+        "bench.synth.bad imports bench.orchestration.progress (a lower layer never depends on how a run is "
+        "orchestrated)",
         "bench.targets.reference.bad imports bench.server (a target talks to the server over HTTP only, as real "
         "rollout code does)",
+        "faults.catalogue.bad imports bench.targets (the fault engine stands alone: the bench uses it, never the "
+        "other way round)",
     ]
 
 
+# Old file paths too: a docstring or Makefile pointing at a file that moved misleads as much as an import.
+OLD_FILES = [old.replace(".", "/") + ".py" for old in MOVED_MODULES] + ["bench/known_findings", "envs/"]
+
+
 def _old_paths_in(text: str) -> set[str]:
-    return {old for old in MOVED_MODULES if re.search(rf"(?<![\w.]){re.escape(old)}(?![\w.])", text)}
+    dotted = {old for old in MOVED_MODULES if re.search(rf"(?<![\w.]){re.escape(old)}(?![\w.])", text)}
+    return dotted | {old for old in OLD_FILES if re.search(rf"(?<![\w./]){re.escape(old)}", text)}
 
 
 def test_nothing_of_ours_uses_an_old_path() -> None:
     """Old paths are for users' code; the bench, its tests, benchmarks, notebooks and README use the new ones."""
     users = {path: _old_paths_in(path.read_text(encoding="utf-8"))
-             for folder in ("bench", "tests", "benchmarks", "notebooks") for path in (ROOT / folder).rglob("*")
-             if path.suffix in {".py", ".ipynb", ".md", ".toml"} and path.name not in {"_moved.py", "test_layout.py"}}
+             for folder in ("bench", "faults", "tests", "benchmarks", "notebooks", ".ci")
+             for path in (ROOT / folder).rglob("*")
+             if path.is_file() and path.suffix in {".py", ".ipynb", ".md", ".toml", ""}
+             and path.name not in {"_moved.py", "test_layout.py"}}
+    users.update({ROOT / name: _old_paths_in((ROOT / name).read_text(encoding="utf-8"))
+                  for name in ("Makefile", "pyproject.toml")})
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     users[ROOT / "README.md"] = _old_paths_in(readme.split("\nModules moved when", 1)[0])  # that paragraph lists them
     assert {str(path.relative_to(ROOT)): sorted(old) for path, old in users.items() if old} == {}
@@ -145,10 +178,10 @@ def test_old_module_paths_are_the_new_modules_with_a_deprecation_warning() -> No
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             from bench.targets import SampleRecord
-            from bench.sweep import SweepOptions
+            from bench.targets import DROPPED_OUTCOMES
+            from bench.sweep import run_sweep  # the package's own entry point: no warning
         import bench
-        from bench.sweep.sweeper import SweepOptions as Current
-        seen["attributes"] = [SampleRecord is bench.SampleRecord and SweepOptions is Current,
+        seen["attributes"] = [SampleRecord is bench.SampleRecord and DROPPED_OUTCOMES is bench.DROPPED_OUTCOMES,
                               [f"{w.filename.rsplit('/', 1)[-1]}: {w.message}" for w in caught]]
         print(json.dumps(seen))
     """)
@@ -161,8 +194,22 @@ def test_old_module_paths_are_the_new_modules_with_a_deprecation_warning() -> No
     same, messages = seen["attributes"]
     assert same and messages == [
         "<string>: bench.targets.SampleRecord is deprecated: use `from bench import SampleRecord`",
-        "<string>: bench.sweep.SweepOptions is deprecated: use bench.sweep.sweeper.SweepOptions",
+        "<string>: bench.targets.DROPPED_OUTCOMES is deprecated: use `from bench import DROPPED_OUTCOMES`",
     ]
+
+
+def test_an_old_path_loaded_by_name_warns_at_the_line_that_asked() -> None:
+    """Plug-in loaders and `--target old.path:attr` import by name: the warning names their line, not importlib's
+    (Python's default filters would hide a warning attributed to importlib)."""
+    script = "import importlib, warnings\nwarnings.simplefilter('always')\nimportlib.import_module('bench.runner')\n"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert run.stderr.startswith("<string>:3: DeprecationWarning: bench.runner is deprecated: it moved to "
+                                 "bench.orchestration.runner"), run.stderr
+
+
+def test_running_an_old_path_as_a_script_says_where_it_went() -> None:
+    run = subprocess.run([sys.executable, "-m", "bench.runner"], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 1 and "bench.runner moved to bench.orchestration.runner: run that instead" in run.stderr
 
 
 def test_the_pytest_plugin_entry_point_loads_the_plugin() -> None:

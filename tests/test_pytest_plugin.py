@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import bench.orchestration.repro  # noqa: F401
-
 # Imported here, before any inner session: pytester restores sys.modules after each in-process
 # run, and numpy (under pandas) cannot be imported a second time into the same process.
+import bench.orchestration.repro  # noqa: F401
 import bench.report  # noqa: F401
 import bench.server  # noqa: F401
 from tests.plans_for_tests import POISON_PLAN

@@ -1,18 +1,8 @@
 """Sweeps: many runs over a grid of targets, plans, rates and seeds (`sweeper`), the grid (`grid`), and the
-table of their outcomes (`table`).
-
-Deprecated: the functions of the former `bench.sweep` module from here; they live in `bench.sweep.sweeper`.
-"""
+table of their outcomes (`table`). `run_sweep` and `sweep_command` are the entry points."""
 
 from __future__ import annotations
 
-from typing import Any
+from .sweeper import SweepOptions, default_jobs, run_sweep, sweep_command, sweep_invariants
 
-from bench._moved import moved_attribute
-
-_MOVED = {name: "bench.sweep.sweeper" for name in ("SweepOptions", "default_jobs", "kill_tree", "run_command",
-                                                     "run_point", "run_sweep", "sweep_command", "sweep_invariants")}
-
-
-def __getattr__(name: str) -> Any:
-    return moved_attribute(__name__, name, _MOVED)
+__all__ = ["SweepOptions", "default_jobs", "run_sweep", "sweep_command", "sweep_invariants"]

@@ -4,8 +4,8 @@ Every grid point is a `rollout-bench run` subprocess in its own session, writing
 folder (`DIR/runs/<id>/`, with the `plan.toml` it ran and its output in `run.log`). A run that
 crashes, or hangs past `timeout_s` (killed with everything it started), is a row in the table
 with outcome `crashed` / `timeout`, never a lost sweep. The table (`DIR/sweep.csv`, see
-`sweep_table`) is rewritten after every run, so an interrupted sweep keeps what it finished.
-What a fault rate does to a plan is `sweep_grid`'s docstring.
+`table`) is rewritten after every run, so an interrupted sweep keeps what it finished.
+What a fault rate does to a plan is `grid`'s docstring.
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ class BenchServerHandle:
 
     @property
     def requests(self) -> list[Any]:
-        """The request log so far (`bench.records.requests.RequestRecord`s)."""
+        """The request log so far (`bench.records.request_log.RequestRecord`s)."""
         return list(self.thread.context.log.records)
 
     @property
