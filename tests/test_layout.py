@@ -153,9 +153,9 @@ def _old_paths_in(text: str) -> set[str]:
 def test_nothing_of_ours_uses_an_old_path() -> None:
     """Old paths are for users' code; the bench, its tests, benchmarks, notebooks and README use the new ones."""
     users = {path: _old_paths_in(path.read_text(encoding="utf-8"))
-             for folder in ("bench", "faults", "tests", "benchmarks", "notebooks", ".ci")
+             for folder in ("bench", "faults", "tests", "benchmarks", "notebooks", ".ci", ".github")
              for path in (ROOT / folder).rglob("*")
-             if path.is_file() and path.suffix in {".py", ".ipynb", ".md", ".toml", ""}
+             if path.is_file() and path.suffix in {".py", ".ipynb", ".md", ".toml", ".yml", ""}
              and path.name not in {"_moved.py", "test_layout.py"}}
     users.update({ROOT / name: _old_paths_in((ROOT / name).read_text(encoding="utf-8"))
                   for name in ("Makefile", "pyproject.toml")})
