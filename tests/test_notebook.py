@@ -64,7 +64,7 @@ def test_notebook_is_committed_clean() -> None:
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
     assert sum(cell.cell_type == "markdown" for cell in notebook.cells) >= len(code) // 2  # prose, not just code
-    assert "bench.report import" in code[0].source and "load(SWEEP)" in code[0].source
+    assert "from bench import" in code[0].source and "load_report(SWEEP)" in code[0].source  # the public API
 
 
 def test_notebook_runs_end_to_end_on_fresh_sweep_data(small_sweep: Path, tmp_path: Path,
