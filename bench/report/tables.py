@@ -68,6 +68,8 @@ def read_tables(folder: Path) -> dict[str, pd.DataFrame]:
             out[name] = pd.read_parquet(parquet)
         elif csv.exists():
             out[name] = pd.read_csv(csv)
+            if name == "trajectories":  # a run without fault events writes an empty column, read back as floats
+                out[name]["faults"] = out[name]["faults"].astype(object).fillna("")
         else:
             raise FileNotFoundError(f"{folder}: no {name}.csv or {name}.parquet: not a run report folder")
     return out
