@@ -65,7 +65,7 @@ $(TARGETS_DIR)/verifiers/.built: $(FRAMEWORKS)/verifiers/env.txt $(FRAMEWORKS)/v
 	touch $@
 
 # slime has no PyPI package: its environment is optional (the slime target falls back to miles' environment,
-# which lacks a few of slime's imports); its source comes from a checkout (--slime-path / ROLLOUT_BENCH_SLIME_PATH).
+# which lacks a few of slime's imports); its source comes from a checkout (--source DIR / ROLLOUT_BENCH_SLIME_PATH).
 slime-env: $(TARGETS_DIR)/slime/.built
 
 $(TARGETS_DIR)/slime/.built: $(FRAMEWORKS)/slime/env.txt $(FRAMEWORKS)/slime/env.lock

@@ -228,7 +228,12 @@ def _target_options(args: argparse.Namespace) -> dict[str, Any]:
             options[key.strip()] = json.loads(value)
         except ValueError:
             options[key.strip()] = value
-    for key in ("custom_generate_function_path", "custom_rm_path", "slime_path", "mode"):
+    if getattr(args, "slime_path", None) and getattr(args, "source", None) and args.slime_path != args.source:
+        raise ValueError("--slime-path is --source's older name: give one of them")
+    source = getattr(args, "source", None) or getattr(args, "slime_path", None)
+    if source:
+        options["source"] = source
+    for key in ("custom_generate_function_path", "custom_rm_path", "mode"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
     return options
@@ -390,7 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="slime/miles: a user's generate function, as their --custom-generate-function-path")
     run.add_argument("--custom-rm-path", metavar="MODULE.FUNC",
                      help="slime/miles: a user's reward function, as their --custom-rm-path")
-    run.add_argument("--slime-path", metavar="DIR", help="slime: the source checkout to run (else found on sys.path)")
+    run.add_argument("--source", metavar="DIR", help="a framework run from source (slime): its checkout; the report "
+                     "names it and its commit")
+    run.add_argument("--slime-path", metavar="DIR", help="--source's older name")
     run.add_argument("--mode", choices=("train", "eval"), help="slime/miles: the train or the eval rollout path")
     run.add_argument("--target-option", action="append", metavar="KEY=VALUE", default=[],
                      help="any other option for the target adapter (repeatable; JSON values allowed)")
@@ -435,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--detach", action="store_true", help="return once it is ready, leaving it running")
     worker.add_argument("--stop", action="store_true", help="stop the warm worker for this target")
     worker.add_argument("--log", help="the warm worker's log file (default: a temp folder)")
-    worker.add_argument("--slime-path", metavar="DIR", help="slime: the source checkout to import")
+    worker.add_argument("--source", metavar="DIR", help="a framework run from source (slime): its checkout")
+    worker.add_argument("--slime-path", metavar="DIR", help="--source's older name")
     worker.add_argument("--target-option", action="append", metavar="KEY=VALUE", default=[],
                         help="target adapter options for its warm-up (as for run)")
     worker.set_defaults(run=_cmd_worker, custom_generate_function_path=None, custom_rm_path=None, mode=None)

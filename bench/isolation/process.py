@@ -95,6 +95,7 @@ class IsolatedTarget:
         self.fail_fast = False
         self.tokens_source = "served"  # what the target's adapter declares (`bench.targets.tokens_source_of`)
         self.versions: dict[str, str] = {}
+        self.framework: dict[str, str] | None = None  # what the target says about its framework's code
         self.worker_pid: int | None = None
         self.worker_cpu_s: float | None = None
         self.startup_s: float | None = None  # the worker's interpreter start, target import and warm-up
@@ -166,6 +167,7 @@ class IsolatedTarget:
                 self.name, self.fail_fast = message["target"], bool(message["fail_fast"])
                 self.tokens_source = message.get("tokens_source", "served")
                 self.versions = message.get("versions", {})
+                self.framework = message.get("framework")
                 self.startup_s = round(time.monotonic() - (self._spawned or time.monotonic()), 3)
                 self.started.set()
             elif kind == "record":
@@ -231,6 +233,10 @@ class IsolatedTarget:
         except OSError:
             return "(no worker log)"
         return "\n".join(text.splitlines()[-lines:])
+
+    def framework_info(self) -> dict[str, str] | None:
+        """What the target in the worker said about its framework's code (its `framework_info()`)."""
+        return self.framework
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "python": self.python, "pid": self.worker_pid, "cpu_s": self.worker_cpu_s,

@@ -75,7 +75,7 @@ def _dump_tasks(stacks_path: Path, worker_task: asyncio.Task[Any] | None) -> Non
 
 async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], stacks_path: Path,
                lifeline: Lifeline) -> int:
-    from bench.targets import resolve_target, tokens_source_of
+    from bench.targets import framework_info_of, resolve_target, tokens_source_of
 
     try:
         target = resolve_target(target_spec)
@@ -83,13 +83,14 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], sta
         warm_up = getattr(target, "warm_up", None)
         if warm_up is not None:  # the framework's imports, while the harness loads its trace
             await asyncio.to_thread(warm_up, options)
+        framework = framework_info_of(target)  # after warm-up: a checkout is known once it is loaded
     except BaseException as error:  # noqa: BLE001 - anything that stops the start is reported, then exit 3
         channel.send("fatal", error=error_to_dict(ErrorInfo.of(error)))
         return 3
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks, stacks_path,
                                                     asyncio.current_task())
     channel.send("hello", target=target.name, fail_fast=bool(target.fail_fast), pid=os.getpid(),
-                 tokens_source=tokens_source,
+                 tokens_source=tokens_source, framework=framework,
                  python=sys.executable, versions=_versions())
     job_line = await lifeline.job_line()
     if not job_line.strip():

@@ -27,7 +27,7 @@ from bench.records.sample import ErrorInfo, SampleRecord
 from bench.records.served_tokens import ServedTokens
 from bench.replay.store import RecordedTrajectory
 from bench.targets import (DEFAULT_TARGET, RolloutJob, TargetAdapter, TrajectorySpec, check_target_spec,
-                           resolve_target, tokens_source_of)
+                           framework_info_of, resolve_target, tokens_source_of)
 from bench.targets.frameworks.envs import target_python
 from bench.tokenizer import tokenizer_path
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
@@ -94,6 +94,7 @@ class RunResult:
     served: ServedTokens | None = None  # what each identified request was served, token by token
     provenance: dict[str, str] = field(default_factory=dict)  # per trajectory: the provenance check's verdict
     tokens_source: str = "served"  # the target's declaration: "retokenized" when its framework re-tokenises text
+    framework: dict[str, str] | None = None  # the framework's code: installed version, or checkout and commit
 
     @property
     def ok(self) -> bool:
@@ -308,7 +309,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          isolated.returned_at if isolated else returned_at,
                          recorded_outcomes={t.id: t.recorded_outcome for t in chosen}, served=view.served,
                          provenance={t: a.label for t, a in provenance.assess(view).items()},
-                         tokens_source=view.tokens_source)
+                         tokens_source=view.tokens_source, framework=framework_info_of(target))
 
 
 def _stall_cause(hang: HangReport) -> ErrorInfo:

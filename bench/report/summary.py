@@ -115,6 +115,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "plan_source": plan.source if plan else None,
         "trace": result.trace_path,
         "target": result.target,
+        "framework": result.framework,
         "versions": _versions(),
         "started": result.started,
         "duration_s": round(result.duration_s, 4),
@@ -160,11 +161,21 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
     }
 
 
+def framework_line(info: dict[str, str]) -> str:
+    """`slime @ 624b824c9f1e (/src/slime)`, `miles-rl 0.0.2`: the code a run judged, in one line."""
+    name = info.get("framework", "?")
+    if "commit" in info:
+        return f"{name} @ {info['commit']} ({info.get('source', '?')})"
+    rest = ", ".join(f"{key} {value}" for key, value in info.items() if key not in ("framework", "version"))
+    return f"{name} {info.get('version', '')}".strip() + (f" ({rest})" if rest else "")
+
+
 def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     """The terminal's end-of-run table (`folder`: the report's, named where the whole traceback is)."""
     outcomes = ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items() if v)
     lines = [
         ("target", summary["target"]),
+        *([("framework", framework_line(summary["framework"]))] if summary.get("framework") else []),
         ("plan / seed", f"{summary['plan']} / {summary['seed']}"),
         ("trajectories", f"{summary['trajectories']} ({outcomes})"),
         ("drop rate", f"{summary['drop_rate']:.2%}"),

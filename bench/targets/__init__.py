@@ -19,7 +19,8 @@ from bench._moved import moved_attribute
 from bench.records.sample import RETOKENIZED, SERVED, TOKENS_SOURCES
 
 from .base import Emit, RolloutJob, TargetAdapter, TrajectorySpec
-from .registry import DEFAULT_TARGET, REGISTRY, TargetError, check_target_spec, resolve_target, tokens_source_of
+from .registry import (DEFAULT_TARGET, REGISTRY, TargetError, check_target_spec, framework_info_of, resolve_target,
+                       tokens_source_of)
 
 _MOVED = {name: "bench.records.sample" for name in ("SampleRecord", "ErrorInfo", "OUTCOMES", "DROPPED_OUTCOMES")}
 
@@ -29,4 +30,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["DEFAULT_TARGET", "Emit", "REGISTRY", "RETOKENIZED", "RolloutJob", "SERVED", "TOKENS_SOURCES",
-           "TargetAdapter", "TargetError", "TrajectorySpec", "check_target_spec", "resolve_target", "tokens_source_of"]
+           "TargetAdapter", "TargetError", "TrajectorySpec", "check_target_spec", "framework_info_of", "resolve_target",
+           "tokens_source_of"]

@@ -50,7 +50,13 @@ class RolloutJob:
 
 
 class TargetAdapter(Protocol):
-    """What the runner needs from a target."""
+    """What the runner needs from a target.
+
+    Optional, looked up with getattr: `variants` (a class attribute), `warm_up(options)` (slow imports, before
+    the job arrives; in the worker, never before a fork it cannot survive), `tokens_source` ("served" or
+    "retokenized") and `framework_info()` (a str -> str mapping the report writes under `framework`: the
+    installed version, or the source checkout and its commit; called after `warm_up`).
+    """
 
     name: str
     fail_fast: bool  # the framework's declared policy: one failure fails the batch, loudly

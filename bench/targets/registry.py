@@ -48,16 +48,67 @@ def tokens_source_of(target: Any) -> str:
     return str(source)
 
 
+def framework_info_of(target: Any) -> dict[str, str] | None:
+    """What the target says about the framework code it runs (`framework_info()`), checked: str -> str."""
+    describe = getattr(target, "framework_info", None)
+    if describe is None:
+        return None
+    info = describe()
+    if info is None:
+        return None
+    if not isinstance(info, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in info.items()):
+        raise TargetError(f"target {getattr(target, 'name', target)!r}: framework_info() must return a mapping of "
+                          f"strings, not {info!r}")
+    return dict(info)
+
+
+def _plug_in_parts(spec: str) -> tuple[str, str, str | None] | None:
+    """`module:attr[:variant]` split, or None if `spec` is not shaped like a plug-in."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not _is_module(parts[0]) or not parts[1].isidentifier():
+        return None
+    if len(parts) == 3 and not parts[2]:
+        return None
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else None
+
+
 def check_target_spec(spec: str) -> None:
     """Fail early on a name that can never resolve, without importing the target (it may live in another venv)."""
-    name, _, variant = spec.partition(":")
-    if name in REGISTRY or (_is_module(name) and variant):
+    name = spec.partition(":")[0]
+    if name in REGISTRY or _plug_in_parts(spec) is not None:
         return
-    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(REGISTRY)}; or give module:attr")
+    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(REGISTRY)}; or give module:attr[:variant]")
+
+
+def _plug_in(spec: str, module_name: str, attr_name: str, variant: str | None) -> TargetAdapter:
+    """A plug-in's adapter: an instance as is; a class or factory called with the variant (if one is given)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise TargetError(f"target {spec!r}: cannot import {module_name}: {error}") from None
+    try:
+        attr = getattr(module, attr_name)
+    except AttributeError:
+        raise TargetError(f"target {spec!r}: module {module_name} has no attribute {attr_name!r}") from None
+    if isinstance(attr, type) or (callable(attr) and not hasattr(attr, "run")):
+        try:
+            adapter = attr() if variant is None else attr(variant)
+        except (TypeError, ValueError) as error:
+            called = f"{attr_name}({variant!r})" if variant is not None else f"{attr_name}()"
+            raise TargetError(f"target {spec!r}: {called}: {error}") from None
+    elif variant is not None:
+        raise TargetError(f"target {spec!r}: {attr_name} is an adapter instance; a variant needs a class or "
+                          "factory that takes it")
+    else:
+        adapter = attr
+    if not hasattr(adapter, "run"):
+        raise TargetError(f"target {spec!r}: {attr_name} has no run(job, emit) method")
+    return adapter  # type: ignore[no-any-return]
 
 
 def resolve_target(spec: str) -> TargetAdapter:
-    """`ref-gather:fixed`, `ref-gather` (unfixed), or `module:attr` (`mymodule:Target`, `pkg.module:attr`)."""
+    """`ref-gather:fixed`, `ref-gather` (unfixed), or a plug-in `module:attr[:variant]` (`mymodule:Target`,
+    `pkg.module:make_target:fixed`: a class or factory is called with the variant, or with nothing)."""
     name, _, variant = spec.partition(":")
     if name in REGISTRY:
         module_name, _, class_name = REGISTRY[name].partition(":")
@@ -69,18 +120,8 @@ def resolve_target(spec: str) -> TargetAdapter:
                               "environment with `make targets`, or pass --python)") from None
         except ValueError as error:
             raise TargetError(f"target {spec!r}: {error}") from None
-    if _is_module(name) and variant:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as error:
-            raise TargetError(f"target {spec!r}: cannot import {name}: {error}") from None
-        try:
-            attr = getattr(module, variant)
-        except AttributeError:
-            raise TargetError(f"target {spec!r}: module {name} has no attribute {variant!r}") from None
-        adapter = attr() if isinstance(attr, type) or (callable(attr) and not hasattr(attr, "run")) else attr
-        if not hasattr(adapter, "run"):
-            raise TargetError(f"target {spec!r}: {variant} has no run(job, emit) method")
-        return adapter  # type: ignore[no-any-return]
+    parts = _plug_in_parts(spec)
+    if parts is not None:
+        return _plug_in(spec, *parts)
     raise TargetError(f"unknown target {spec!r}; built in: {', '.join(f'{n}:unfixed|fixed' for n in REGISTRY)}; "
-                      "or give module:attr")
+                      "or give module:attr[:variant]")

@@ -28,6 +28,9 @@ class Miles(Framework):
     def version(self) -> str:
         return f"miles {importlib.metadata.version(DISTRIBUTION)}"
 
+    def info(self) -> dict[str, str]:
+        return {"framework": DISTRIBUTION, "version": importlib.metadata.version(DISTRIBUTION)}
+
     def generate_function(self, mods: Modules, path: str | None) -> plugins.InnerGenerate:
         """miles loads generate functions through its compatibility layer (new-style `GenerateFnInput` or legacy)."""
         if path is None:

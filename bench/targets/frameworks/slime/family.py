@@ -23,7 +23,7 @@ One run, in the target's own process:
 Options (`job.options`): `mode` (`train`, default, or `eval`), `custom_generate_function_path`
 and `custom_rm_path` (dotted paths, as the frameworks' own switches), `args` (a dict of further
 framework arguments), `trace` (the trace file, for recorded tool outputs and rewards),
-`slime_path` (slime's checkout).
+`source` (slime's checkout; `slime_path` is its older name).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ MAX_RESUBMISSIONS = 3  # how often the rollout manager puts an aborted group bac
 TOOL_CALL_PARSER = "qwen25"  # SGLang's parser for `<tool_call>\n{json}\n</tool_call>`, the bench template's format
 CHAT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
 _OUTCOME = {"COMPLETED": "completed", "TRUNCATED": "truncated", "ABORTED": "aborted", "FAILED": "failed"}
-_OPTIONS = {"mode", "custom_generate_function_path", "custom_rm_path", "args", "trace", "slime_path"}
+_OPTIONS = {"mode", "custom_generate_function_path", "custom_rm_path", "args", "trace", "slime_path", "source"}
 
 
 class OptionError(ValueError):
@@ -107,6 +107,10 @@ class Framework:
 
     def version(self) -> str:
         raise NotImplementedError
+
+    def info(self) -> dict[str, str]:
+        """What the report says about the framework's code: installed version, or checkout and commit."""
+        return {"framework": self.name}
 
     def generate_function(self, mods: Modules, path: str | None) -> plugins.InnerGenerate:
         """The generate the framework runs for one sample: its default, or the function at `path`."""
@@ -252,6 +256,10 @@ class SlimeFamilyTarget:
         trace = options.get("trace")
         if self.framework.multi_turn and (trace is None or trace_has_tools(Path(trace))):
             importlib.import_module(self.framework.multi_turn.rsplit(".", 1)[0])
+
+    def framework_info(self) -> dict[str, str]:
+        """The framework's installed version, or its checkout and commit (known once `warm_up` or `run` loaded it)."""
+        return self.framework.info()
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         options = dict(job.options)

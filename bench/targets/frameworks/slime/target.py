@@ -1,8 +1,9 @@
 """`slime`: slime's real rollout code (THUDM/slime, source only), run from a checkout against the bench server.
 
 The adapter is the slime family's (`family.py`, shared with miles); what is slime's own:
-- it is imported from a checkout: the `slime_path` target option, else `ROLLOUT_BENCH_SLIME_PATH`,
-  else a `slime` already importable (on `PYTHONPATH`);
+- it is imported from a checkout: `--source DIR` (the `source` target option; `--slime-path` / `slime_path`
+  still work), else `ROLLOUT_BENCH_SLIME_PATH`, else a `slime` already importable (on `PYTHONPATH`); the
+  report names the checkout and its commit;
 - `init_http_client` counts engines with `rollout_num_engines` (0 makes it a no-op and every post
   retries for 60 s), so the adapter says there is one engine, the bench server;
 - custom generate functions are plain `generate(args, sample, sampling_params[, evaluation])`,
@@ -13,27 +14,30 @@ The adapter is the slime family's (`family.py`, shared with miles); what is slim
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from bench.targets.base import RolloutJob
 
+from ..checkout import UNKNOWN, Checkout, CheckoutError, named_source, read_checkout
 from .family import Framework, OptionError, SlimeFamilyTarget
 
 PATH_ENV = "ROLLOUT_BENCH_SLIME_PATH"
 
 
-def checkout(options: dict[str, Any]) -> Path | None:
-    """The slime checkout to import from, if one is named (option first, then the environment variable)."""
-    named = options.get("slime_path") or os.environ.get(PATH_ENV)
-    if not named:
+MARKER = "slime/rollout/sglang_rollout.py"
+
+
+def checkout(options: dict[str, Any]) -> Checkout | None:
+    """The slime checkout a run names (option first, then the environment variable), if it names one."""
+    named = named_source(options, PATH_ENV, "slime_path")
+    if named is None:
         return None
-    path = Path(named).expanduser().resolve()
-    if not (path / "slime" / "rollout" / "sglang_rollout.py").is_file():
-        raise OptionError(f"slime_path {named!r}: no slime/rollout/sglang_rollout.py there (a slime checkout?)")
-    return path
+    try:
+        return read_checkout("slime", named, MARKER)
+    except CheckoutError as error:
+        raise OptionError(str(error)) from None
 
 
 class Slime(Framework):
@@ -41,25 +45,32 @@ class Slime(Framework):
     root = "slime"
 
     def __init__(self) -> None:
-        self.source: Path | None = None
+        self.checkout: Checkout | None = None
 
     def prepare(self, options: dict[str, Any]) -> None:
-        path = checkout(options)
-        if path is not None:
+        found = checkout(options)
+        if found is not None:
             loaded = sys.modules.get("slime")
-            if loaded is not None and Path(loaded.__file__ or "").resolve().parents[1] != path:
-                raise OptionError(f"slime_path {str(path)!r}: this process already imported slime from "
+            if loaded is not None and Path(loaded.__file__ or "").resolve().parents[1] != found.path:
+                raise OptionError(f"slime source {str(found.path)!r}: this process already imported slime from "
                                   f"{loaded.__file__}; one checkout per process")
-            if str(path) not in sys.path:
-                sys.path.insert(0, str(path))
-        elif importlib.util.find_spec("slime") is None:
-            raise OptionError(f"slime is not importable: give the target option slime_path or set {PATH_ENV} "
-                              "to a slime checkout")
+            if str(found.path) not in sys.path:
+                sys.path.insert(0, str(found.path))
+            self.checkout = found
+            return
         spec = importlib.util.find_spec("slime")
-        self.source = Path(spec.origin).resolve().parents[1] if spec and spec.origin else None
+        if spec is None or not spec.origin:
+            raise OptionError(f"slime is not importable: give --source DIR (a slime checkout) or set {PATH_ENV}")
+        self.checkout = read_checkout("slime", Path(spec.origin).resolve().parents[1], MARKER)
 
     def version(self) -> str:
-        return f"slime (source {self.source})" if self.source else "slime"
+        if self.checkout is None:
+            return "slime"
+        commit = "" if self.checkout.commit == UNKNOWN else f" {self.checkout.commit[:12]}"
+        return f"slime{commit} (source {self.checkout.path})"
+
+    def info(self) -> dict[str, str]:
+        return self.checkout.info() if self.checkout is not None else {"framework": "slime"}
 
     def extra_args(self, job: RolloutJob) -> dict[str, Any]:
         return {"rollout_num_engines": 1}

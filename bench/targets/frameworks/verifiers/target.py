@@ -38,6 +38,7 @@ Variants name what consumes the rollouts; verifiers itself is the same in all th
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import inspect
 import json
 from collections import Counter
@@ -73,6 +74,11 @@ class VerifiersTarget:
         """Import verifiers (seconds) before the job arrives: the worker calls this while the bench loads."""
         import verifiers  # noqa: F401
         import verifiers.clients  # noqa: F401
+
+    def framework_info(self) -> dict[str, str]:
+        """The installed verifiers and the OpenAI SDK it talks through."""
+        return {"framework": "verifiers", "version": importlib.metadata.version("verifiers"),
+                "openai": importlib.metadata.version("openai")}
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         import verifiers as vf
