@@ -46,7 +46,9 @@ TPIP = -m pip --disable-pip-version-check --quiet
 # Each real framework keeps its environment spec (`env.txt`, every pin in `env.lock`) in its adapter folder.
 FRAMEWORKS = bench/targets/frameworks
 
-targets: $(TARGETS_DIR)/miles/.built $(TARGETS_DIR)/verifiers/.built
+# `make targets TARGETS="areal"` builds a subset.
+TARGETS ?= miles verifiers areal
+targets: $(foreach target,$(TARGETS),$(TARGETS_DIR)/$(target)/.built)
 
 $(TARGETS_DIR)/miles/.built: $(FRAMEWORKS)/miles/env.txt $(FRAMEWORKS)/miles/env.lock
 	rm -rf $(TARGETS_DIR)/miles
@@ -62,6 +64,15 @@ $(TARGETS_DIR)/verifiers/.built: $(FRAMEWORKS)/verifiers/env.txt $(FRAMEWORKS)/v
 	$(PYTHON) -m venv $(TARGETS_DIR)/verifiers
 	$(TARGETS_DIR)/verifiers/bin/python $(TPIP) install -r $(FRAMEWORKS)/verifiers/env.txt -c $(FRAMEWORKS)/verifiers/env.lock
 	$(TARGETS_DIR)/verifiers/bin/python -c 'import verifiers, openai; assert openai.__version__ == "2.36.0"'
+	touch $@
+
+$(TARGETS_DIR)/areal/.built: $(FRAMEWORKS)/areal/env.txt $(FRAMEWORKS)/areal/env.lock
+	rm -rf $(TARGETS_DIR)/areal
+	$(PYTHON) -m venv $(TARGETS_DIR)/areal
+	$(TARGETS_DIR)/areal/bin/python $(TPIP) install torch==2.13.0
+	$(TARGETS_DIR)/areal/bin/python $(TPIP) install --no-deps areal==1.0.4 sglang==0.5.10.post1
+	$(TARGETS_DIR)/areal/bin/python $(TPIP) install -r $(FRAMEWORKS)/areal/env.txt -c $(FRAMEWORKS)/areal/env.lock
+	$(TARGETS_DIR)/areal/bin/python -c 'import torch, areal.engine.sglang_remote; assert torch.version.cuda is None, "a CUDA torch got in"'
 	touch $@
 
 # slime has no PyPI package: its environment is optional (the slime target falls back to miles' environment,

@@ -231,7 +231,7 @@ def test_the_readme_layout_names_every_folder_of_the_package() -> None:
     assert listed - tree == set()  # and the layout names no folder that is not there
     frameworks = {path.name for path in (PACKAGE / "targets" / "frameworks").iterdir() if path.is_dir()
                   and not path.name.startswith("__")}
-    assert frameworks == {"miles", "slime", "verifiers"}
+    assert frameworks == {"areal", "miles", "slime", "verifiers"}
     for name in frameworks:
         folder = PACKAGE / "targets" / "frameworks" / name
         assert {"__init__.py", "target.py", "env.txt", "env.lock"} <= {path.name for path in folder.iterdir()}

@@ -25,6 +25,7 @@ REGISTRY: dict[str, str] = {
     "verifiers": "bench.targets.frameworks.verifiers.target:VerifiersTarget",
     "miles": "bench.targets.frameworks.miles.target:MilesTarget",
     "slime": "bench.targets.frameworks.slime.target:SlimeTarget",
+    "areal": "bench.targets.frameworks.areal.target:ArealTarget",
 }
 DEFAULT_TARGET = "ref-gather:unfixed"
 
@@ -114,7 +115,7 @@ def resolve_target(spec: str) -> TargetAdapter:
         module_name, _, class_name = REGISTRY[name].partition(":")
         try:
             factory: Callable[[str], Any] = getattr(importlib.import_module(module_name), class_name)
-            return factory(variant or "unfixed")  # type: ignore[no-any-return]
+            return factory(variant) if variant else factory()  # type: ignore[no-any-return]  # its default variant
         except ImportError as error:
             raise TargetError(f"target {spec!r} cannot be imported by {sys.executable}: {error} (build its "
                               "environment with `make targets`, or pass --python)") from None

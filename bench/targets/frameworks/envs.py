@@ -16,6 +16,7 @@ TARGET_ENVS: dict[str, tuple[str, ...]] = {
     "miles": ("miles",),
     "slime": ("slime",),
     "verifiers": ("verifiers",),
+    "areal": ("areal",),
 }
 
 
