@@ -98,9 +98,7 @@ def test_real_slime_from_a_git_checkout_reports_its_commit(tmp_path: Path) -> No
     (checkout / "fw").mkdir()
     _git(checkout, "init", "-q")
     _git(checkout, "add", ".")
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
-    subprocess.run(["git", "-C", str(checkout), "commit", "-qm", "slime"], check=True, env=env)
+    _git(checkout, "commit", "-qm", "slime")
     head = _git(checkout, "rev-parse", "HEAD")
     out = tmp_path / "report"
     run = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "slime", "--source", str(checkout),

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.invariants import INVARIANTS, Violation
-from bench.targets.frameworks import shipped_known_findings
+from bench.targets.frameworks import FRAMEWORKS_DIR, KNOWN_FINDINGS
 
 _KEYS = {"invariant", "reason", "target", "recorded_outcome", "trajectories", "fault", "link"}
 
@@ -73,7 +73,7 @@ class KnownViolation:
 
 def shipped_known() -> dict[str, Path]:
     """The known findings shipped beside each framework's adapter, by framework name."""
-    return shipped_known_findings()
+    return {path.parent.name: path for path in sorted(FRAMEWORKS_DIR.glob(f"*/{KNOWN_FINDINGS}"))}
 
 
 def resolve_known(spec: str) -> tuple[Path, list[KnownFinding]]:

@@ -6,9 +6,4 @@ from __future__ import annotations
 from pathlib import Path
 
 FRAMEWORKS_DIR = Path(__file__).resolve().parent
-KNOWN_FINDINGS = "known_findings.toml"
-
-
-def shipped_known_findings() -> dict[str, Path]:
-    """Each framework's shipped known-findings file, by framework name (`--known miles`)."""
-    return {path.parent.name: path for path in sorted(FRAMEWORKS_DIR.glob(f"*/{KNOWN_FINDINGS}"))}
+KNOWN_FINDINGS = "known_findings.toml"  # each framework folder's triaged findings (`--known <framework>`)

@@ -48,8 +48,9 @@ def read_checkout(framework: str, folder: str | os.PathLike[str], marker: str) -
         raise CheckoutError(f"{framework} source {str(folder)!r}: no such folder")
     if not (path / marker).is_file():
         raise CheckoutError(f"{framework} source {str(folder)!r}: no {marker} there (a {framework} checkout?)")
-    commit = _git(path, "rev-parse", "--verify", "HEAD^{commit}")
-    if commit is None or _git(path, "rev-parse", "--show-toplevel") != str(path):
+    found = _git(path, "rev-parse", "--show-toplevel", "HEAD^{commit}")  # fails without git or a commit
+    top, _, commit = (found or "").partition("\n")
+    if not commit or top != str(path):  # no repository, or the folder is only inside one
         return Checkout(framework, path, UNKNOWN, None)
     status = _git(path, "status", "--porcelain", "--untracked-files=no")
     return Checkout(framework, path, commit, None if status is None else bool(status))

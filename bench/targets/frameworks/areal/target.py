@@ -81,15 +81,18 @@ class ArealTarget:
         finally:
             engine.destroy()
         returned = {int(result[INDEX_KEY].item()): result for result in results if result is not None}
-        return [_record(spec, returned.get(index), episodes, index) for index, spec in enumerate(job.trajectories)]
+        framework = f"areal {importlib.metadata.version(DISTRIBUTION)}"
+        return [_record(spec, returned.get(index), episodes, index, framework)
+                for index, spec in enumerate(job.trajectories)]
 
 
-def _record(spec: TrajectorySpec, result: dict[str, Any] | None, episodes: Any, index: int) -> SampleRecord:
+def _record(spec: TrajectorySpec, result: dict[str, Any] | None, episodes: Any, index: int,
+            framework: str) -> SampleRecord:
     """One trajectory's sample: AReaL's tensors, or the error its workflow raised (AReaL returned None)."""
     if result is None:
         error = episodes.errors.get(index) or ErrorInfo("Rejected", "AReaL returned no episode (None)", "")
         return SampleRecord(spec.id, spec.group, "failed", status="None", prompt_length=len(spec.prompt_ids),
-                            error=error, details={"framework": f"areal {importlib.metadata.version(DISTRIBUTION)}"})
+                            error=error, details={"framework": framework})
     ids = result["input_ids"][0].tolist()
     mask = result["loss_mask"][0].tolist()
     prompt_length = mask.index(1) if 1 in mask else len(mask)
@@ -100,5 +103,4 @@ def _record(spec: TrajectorySpec, result: dict[str, Any] | None, episodes: Any, 
                         response_ids=response, logprobs=result["logprobs"][0].tolist()[prompt_length:],
                         loss_mask=mask[prompt_length:], response_length=len(response),
                         reward=float(result["rewards"][0].item()),
-                        details={"framework": f"areal {importlib.metadata.version(DISTRIBUTION)}",
-                                 "versions": versions})
+                        details={"framework": framework, "versions": versions})
