@@ -69,14 +69,14 @@ class ArealTarget:
         engine.initialize(addr=f"{address.hostname}:{address.port}")
         episodes = Episodes()
         try:
-            by_max_tokens: dict[int, Any] = {}
+            workflows: dict[tuple[int, float], Any] = {}  # one per recorded (max_new_tokens, temperature)
             for index, spec in enumerate(job.trajectories):
-                limit = int(spec.sampling_params.get("max_new_tokens", 256))
-                if limit not in by_max_tokens:
-                    gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=limit,
-                                                        temperature=float(spec.sampling_params.get("temperature", 1.0)))
-                    by_max_tokens[limit] = bench_workflow(rewards.PATH, gconfig, tokenizer, episodes)
-                engine.submit({"messages": spec.messages, INDEX_KEY: index, REWARD_KEY: 1.0}, by_max_tokens[limit])
+                key = (int(spec.sampling_params.get("max_new_tokens", 256)),
+                       float(spec.sampling_params.get("temperature", 1.0)))
+                if key not in workflows:
+                    gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=key[0], temperature=key[1])
+                    workflows[key] = bench_workflow(rewards.PATH, gconfig, tokenizer, episodes)
+                engine.submit({"messages": spec.messages, INDEX_KEY: index, REWARD_KEY: 1.0}, workflows[key])
             results = engine.wait(len(job.trajectories), timeout=None)
         finally:
             engine.destroy()
