@@ -73,12 +73,17 @@ def _plug_in_parts(spec: str) -> tuple[str, str, str | None] | None:
     return parts[0], parts[1], parts[2] if len(parts) == 3 else None
 
 
+def _unknown(spec: str) -> TargetError:
+    return TargetError(f"unknown target {spec!r}; built in (NAME[:variant]): {', '.join(REGISTRY)}; "
+                       "or give module:attr[:variant]")
+
+
 def check_target_spec(spec: str) -> None:
     """Fail early on a name that can never resolve, without importing the target (it may live in another venv)."""
     name = spec.partition(":")[0]
     if name in REGISTRY or _plug_in_parts(spec) is not None:
         return
-    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(REGISTRY)}; or give module:attr[:variant]")
+    raise _unknown(spec)
 
 
 def _plug_in(spec: str, module_name: str, attr_name: str, variant: str | None) -> TargetAdapter:
@@ -124,5 +129,4 @@ def resolve_target(spec: str) -> TargetAdapter:
     parts = _plug_in_parts(spec)
     if parts is not None:
         return _plug_in(spec, *parts)
-    raise TargetError(f"unknown target {spec!r}; built in: {', '.join(f'{n}:unfixed|fixed' for n in REGISTRY)}; "
-                      "or give module:attr[:variant]")
+    raise _unknown(spec)
