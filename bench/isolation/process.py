@@ -99,6 +99,8 @@ class IsolatedTarget:
         self.worker_pid: int | None = None
         self.worker_cpu_s: float | None = None
         self.startup_s: float | None = None  # the worker's interpreter start, target import and warm-up
+        self.prepare_s: float | None = None  # from `hello` to the target's `prepare(job)` done (Ray, actors)
+        self._hello_at: float | None = None
         self._spawned: float | None = None
         self.leaked_tasks = 0
         self.returned_at: float | None = None  # unix time the rollout returned or raised
@@ -169,6 +171,11 @@ class IsolatedTarget:
                 self.versions = message.get("versions", {})
                 self.framework = message.get("framework")
                 self.startup_s = round(time.monotonic() - (self._spawned or time.monotonic()), 3)
+                self._hello_at = time.monotonic()
+                if not message.get("prepares"):
+                    self.started.set()
+            elif kind == "ready":  # a target that prepares for its job (`prepare`) has done so
+                self.prepare_s = round(time.monotonic() - self._hello_at, 3) if self._hello_at else None
                 self.started.set()
             elif kind == "record":
                 emit(record_from_dict(message["record"]))
@@ -240,6 +247,6 @@ class IsolatedTarget:
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "python": self.python, "pid": self.worker_pid, "cpu_s": self.worker_cpu_s,
-                "startup_s": self.startup_s, "forked_from_warm": self.forked_from_warm,
+                "startup_s": self.startup_s, "prepare_s": self.prepare_s, "forked_from_warm": self.forked_from_warm,
                 **({"warm_note": self.warm_note} if self.warm_note else {}),
                 "leaked_tasks": self.leaked_tasks, "versions": self.versions, "log": str(self.log_path)}

@@ -4,7 +4,9 @@ The harness writes the `RolloutJob` as one JSON file; the worker answers on its 
 one JSON object per line (the target's own prints are moved to stderr, so they cannot
 interleave with messages):
 
-- `{"kind": "hello", "target", "fail_fast", "pid", "python", "versions"}` once the adapter loaded;
+- `{"kind": "hello", "target", "fail_fast", "pid", "python", "versions", "prepares"}` once the adapter loaded;
+- `{"kind": "ready", "at"}` once a target that `prepares` has prepared for its job (its Ray runtime, its
+  actors): until then the harness counts the wait as start-up, not as a stall;
 - `{"kind": "record", "record": {...}}` per sample record, as soon as the target emits it;
 - `{"kind": "error", "error": {type, message, traceback}, "at"}` if the rollout raised (the batch crashed);
 - `{"kind": "done", "cpu_s", "leaked_tasks", "at"}` when `run` returned or raised (`at`: unix time, the
@@ -25,7 +27,7 @@ from bench.records.sample import ErrorInfo, SampleRecord
 from bench.targets.base import RolloutJob, TrajectorySpec
 from faults.plan import make_rule, rule_table
 
-MESSAGE_KINDS = ("hello", "record", "error", "done", "fatal")
+MESSAGE_KINDS = ("hello", "ready", "record", "error", "done", "fatal")
 TASK_MARKER = "--- asyncio task "  # heads each task's stack in the worker's hang dump
 
 

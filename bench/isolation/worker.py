@@ -89,8 +89,9 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], sta
         return 3
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks, stacks_path,
                                                     asyncio.current_task())
+    prepare = getattr(target, "prepare", None)
     channel.send("hello", target=target.name, fail_fast=bool(target.fail_fast), pid=os.getpid(),
-                 tokens_source=tokens_source, framework=framework,
+                 tokens_source=tokens_source, framework=framework, prepares=prepare is not None,
                  python=sys.executable, versions=_versions())
     job_line = await lifeline.job_line()
     if not job_line.strip():
@@ -103,6 +104,9 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], sta
     attribution.install()  # after the target's imports: its HTTP clients are loaded by now
     before = asyncio.all_tasks()
     try:
+        if prepare is not None:  # the framework's own start-up for this job (Ray, actors): not yet the rollout
+            await asyncio.to_thread(prepare, job)
+            channel.send("ready", at=time.time())
         await asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
     except BaseException as error:  # noqa: BLE001 - the batch crashing is a result, reported in full
         channel.send("error", error=error_to_dict(ErrorInfo.of(error)), at=time.time())

@@ -26,7 +26,7 @@ from bench.records.request_log import RequestRecord
 from bench.records.sample import ErrorInfo, SampleRecord
 from bench.records.served_tokens import ServedTokens
 from bench.replay.store import RecordedTrajectory
-from bench.targets import (DEFAULT_TARGET, RolloutJob, TargetAdapter, TrajectorySpec, check_target_spec,
+from bench.targets import (DEFAULT_TARGET, Emit, RolloutJob, TargetAdapter, TrajectorySpec, check_target_spec,
                            framework_info_of, resolve_target, tokens_source_of)
 from bench.targets.frameworks.envs import target_python
 from bench.tokenizer import tokenizer_path
@@ -108,14 +108,25 @@ def _spec(trajectory: RecordedTrajectory) -> TrajectorySpec:
                           len(trajectory.turns))
 
 
-async def _started(task: asyncio.Task[None], target: TargetAdapter, limit_s: float) -> bool:
-    """Wait until an isolated target's worker loaded it; False if it did not within `limit_s` seconds."""
-    if not isinstance(target, IsolatedTarget):
-        return True
-    ready = asyncio.create_task(target.started.wait())
+async def _started(task: asyncio.Task[None], target: TargetAdapter, limit_s: float,
+                   prepared: asyncio.Event) -> bool:
+    """Wait until the target is loaded (an isolated target's worker said so) and has prepared for its job
+    (`prepare(job)`, if it has one: a framework's own start-up, such as a Ray runtime and its actors);
+    False if that did not happen within `limit_s` seconds."""
+    started = target.started if isinstance(target, IsolatedTarget) else prepared
+    ready = asyncio.create_task(started.wait())
     await asyncio.wait({task, ready}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
     ready.cancel()
     return task.done() or target.started.is_set()
+
+
+async def _prepare_and_run(target: TargetAdapter, job: RolloutJob, emit: Emit, prepared: asyncio.Event) -> None:
+    """An inline target's `prepare(job)` (an isolated one prepares in its worker), then its rollout."""
+    prepare = None if isinstance(target, IsolatedTarget) else getattr(target, "prepare", None)
+    if prepare is not None:
+        await asyncio.to_thread(prepare, job)
+    prepared.set()
+    await target.run(job, emit)
 
 
 def _stack(task: asyncio.Task[Any]) -> str:
@@ -249,10 +260,11 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         if not isinstance(target, IsolatedTarget):
             attribution.install()  # an inline target's exceptions name the trajectory that raised them
         before = asyncio.all_tasks()
-        task = asyncio.create_task(target.run(job, emit), name=f"target {target.name}")
+        prepared = asyncio.Event()
+        task = asyncio.create_task(_prepare_and_run(target, job, emit, prepared), name=f"target {target.name}")
         deadline = clock + config.deadline_s
         startup_limit = min(config.startup_s, max(0.0, deadline - time.monotonic()))
-        started_in_time = await _started(task, target, startup_limit)
+        started_in_time = await _started(task, target, startup_limit, prepared)
         server.context.faults.start_clock()  # `server_start` windows count from here (the rest: the first request)
         served = ServedTurns(server.log, store)
 

@@ -54,7 +54,9 @@ class TargetAdapter(Protocol):
 
     Optional, looked up with getattr: `variants` (a class attribute), `warm_up(options)` (slow imports, before
     the job arrives; in the worker, never before a fork it cannot survive), `tokens_source` ("served" or
-    "retokenized") and `framework_info()` (a str -> str mapping the report writes under `framework`: the
+    "retokenized"), `prepare(job)` (the framework's own start-up for this job, such as a Ray runtime and its
+    actors: called in a thread before `run`, not counted as a stall; `run` then owns the teardown) and
+    `framework_info()` (a str -> str mapping the report writes under `framework`: the
     installed version, or the source checkout and its commit; called after `warm_up`).
     """
 

@@ -26,6 +26,7 @@ REGISTRY: dict[str, str] = {
     "miles": "bench.targets.frameworks.miles.target:MilesTarget",
     "slime": "bench.targets.frameworks.slime.target:SlimeTarget",
     "areal": "bench.targets.frameworks.areal.target:ArealTarget",
+    "verl": "bench.targets.frameworks.verl.target:VerlTarget",
 }
 DEFAULT_TARGET = "ref-gather:unfixed"
 

@@ -17,6 +17,7 @@ TARGET_ENVS: dict[str, tuple[str, ...]] = {
     "slime": ("slime",),
     "verifiers": ("verifiers",),
     "areal": ("areal",),
+    "verl": ("verl",),
 }
 
 
