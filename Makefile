@@ -47,7 +47,7 @@ TPIP = -m pip --disable-pip-version-check --quiet
 FRAMEWORKS = bench/targets/frameworks
 
 # `make targets TARGETS="areal"` builds a subset.
-TARGETS ?= miles verifiers areal
+TARGETS ?= miles verifiers areal verl
 targets: $(foreach target,$(TARGETS),$(TARGETS_DIR)/$(target)/.built)
 
 $(TARGETS_DIR)/miles/.built: $(FRAMEWORKS)/miles/env.txt $(FRAMEWORKS)/miles/env.lock
@@ -73,6 +73,14 @@ $(TARGETS_DIR)/areal/.built: $(FRAMEWORKS)/areal/env.txt $(FRAMEWORKS)/areal/env
 	$(TARGETS_DIR)/areal/bin/python $(TPIP) install --no-deps areal==1.0.4 sglang==0.5.10.post1
 	$(TARGETS_DIR)/areal/bin/python $(TPIP) install -r $(FRAMEWORKS)/areal/env.txt -c $(FRAMEWORKS)/areal/env.lock
 	$(TARGETS_DIR)/areal/bin/python -c 'import torch, areal.engine.sglang_remote; assert torch.version.cuda is None, "a CUDA torch got in"'
+	touch $@
+
+$(TARGETS_DIR)/verl/.built: $(FRAMEWORKS)/verl/env.txt $(FRAMEWORKS)/verl/env.lock
+	rm -rf $(TARGETS_DIR)/verl
+	$(PYTHON) -m venv $(TARGETS_DIR)/verl
+	$(TARGETS_DIR)/verl/bin/python $(TPIP) install torch==2.13.0
+	$(TARGETS_DIR)/verl/bin/python $(TPIP) install -r $(FRAMEWORKS)/verl/env.txt -c $(FRAMEWORKS)/verl/env.lock
+	$(TARGETS_DIR)/verl/bin/python -c 'import torch, verl.trainer.main_ppo_sync; assert torch.version.cuda is None, "a CUDA torch got in"'
 	touch $@
 
 # slime has no PyPI package: its environment is optional (the slime target falls back to miles' environment,

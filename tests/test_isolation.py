@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench import ErrorInfo, RolloutJob, RunConfig, RunResult, SampleRecord, TrajectorySpec, run
+from bench import ErrorInfo, RolloutJob, RunConfig, RunResult, SampleRecord, TrajectorySpec, run, run_blocking
 from bench.isolation import IsolatedTarget
 from bench.isolation.protocol import job_from_json, job_to_json, record_from_dict, record_to_dict
 from bench.targets.frameworks.envs import target_python
@@ -164,3 +164,19 @@ def _processes_running(text: str) -> list[str]:
         if text in command:
             found.append(command)
     return found
+
+
+@pytest.mark.parametrize("isolation", ["process", "inline"])
+def test_a_targets_start_up_in_prepare_is_not_a_stall_but_a_slow_run_is(isolation: str) -> None:
+    """`prepare(job)` (Ray and actors, for verl) may outlast the watchdog; the same wait inside `run` is a hang."""
+    def run(target: str, **options: object) -> RunResult:
+        return run_blocking(RunConfig(trace="rlvr-500", target=target, n=3, isolation=isolation, watchdog_s=1.0,
+                                      target_options={"prepare_s": 2.5, "sleep_s": 2.5, **options}))
+
+    prepared = run("tests.slow_start_target:Preparing")
+    assert prepared.hang is None and [r.outcome for r in prepared.records] == ["completed"] * 3
+    slow = run("tests.slow_start_target:SlowStart")
+    assert slow.hang is not None and slow.hang.kind == "hang"
+    failed = run("tests.slow_start_target:Preparing", prepare_fails=True, prepare_s=0.1)
+    assert failed.batch_error is not None and "start-up failed" in failed.batch_error.message
+    assert {r.outcome for r in failed.records} == {"lost"}

@@ -17,6 +17,7 @@ import pytest
 
 import bench
 from bench._moved import MOVED_MODULES
+from bench.targets.registry import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "bench"
@@ -232,7 +233,8 @@ def test_the_readme_layout_names_every_folder_of_the_package() -> None:
     assert listed - tree == set()  # and the layout names no folder that is not there
     frameworks = {path.name for path in (PACKAGE / "targets" / "frameworks").iterdir() if path.is_dir()
                   and not path.name.startswith("__")}
-    assert frameworks == {"areal", "miles", "slime", "verifiers"}
+    assert frameworks == {name for name in REGISTRY if not name.startswith("ref-")}  # each a built-in target
+    assert all(f"`{name}`" in readme for name in frameworks)  # and documented
     for name in frameworks:
         folder = PACKAGE / "targets" / "frameworks" / name
         assert {"__init__.py", "target.py", "env.txt", "env.lock"} <= {path.name for path in folder.iterdir()}

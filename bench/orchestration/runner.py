@@ -117,7 +117,7 @@ async def _started(task: asyncio.Task[None], target: TargetAdapter, limit_s: flo
     ready = asyncio.create_task(started.wait())
     await asyncio.wait({task, ready}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
     ready.cancel()
-    return task.done() or target.started.is_set()
+    return task.done() or started.is_set()
 
 
 async def _prepare_and_run(target: TargetAdapter, job: RolloutJob, emit: Emit, prepared: asyncio.Event) -> None:

@@ -26,6 +26,10 @@ from bench.records.attribution import TRAJECTORY_HEADER
 TRAJECTORY_KEYWORD = "bench_trajectory"
 
 
+class EngineRequestError(RuntimeError):
+    """The bench server's answer failed (an HTTP error status, a dropped connection): the engine call fails."""
+
+
 class BenchEngine:
     """The server handle's behaviour (made a Ray actor with `ray.remote` in the run, where Ray is started)."""
 
@@ -57,9 +61,13 @@ class BenchEngine:
         headers = {TRAJECTORY_HEADER: trajectory} if trajectory else {}
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        async with self._http.post(f"{self.base_url}/generate", json=body, headers=headers) as answer:
-            answer.raise_for_status()
-            output = await answer.json()
+        try:
+            async with self._http.post(f"{self.base_url}/generate", json=body, headers=headers) as answer:
+                answer.raise_for_status()
+                output = await answer.json()
+        except aiohttp.ClientError as error:  # aiohttp's errors do not survive Ray's pickling: say it plainly
+            raise EngineRequestError(f"POST /generate for {trajectory or request_id}: {type(error).__name__}: "
+                                     f"{error}") from None
         meta = output.get("meta_info", {})
         finish = meta.get("finish_reason")
         finish_type = finish["type"] if finish else None

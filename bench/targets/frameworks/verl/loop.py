@@ -24,6 +24,7 @@ kept in `rejected`, which the adapter reports member by member.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import defaultdict
 from typing import Any
@@ -59,6 +60,20 @@ class Ledger:
 
     def report(self) -> tuple[dict[str, ErrorInfo], set[str]]:
         return dict(self.errors), set(self.settled)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_info(error: BaseException, trajectory: str) -> ErrorInfo:
+    """The error a session ended with. A `RayTaskError` is named by what it carries (the server actor's own
+    exception, e.g. the HTTP 500), and Ray's terminal colours are taken out of its text."""
+    info = ErrorInfo.of(error)
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        return ErrorInfo(type(cause).__name__, f"{cause} (raised in a Ray actor; verl saw {type(error).__name__})",
+                         _ANSI.sub("", info.traceback), trajectory)
+    return ErrorInfo(info.type, _ANSI.sub("", info.message), _ANSI.sub("", info.traceback), trajectory)
 
 
 def session_trajectory(kwargs: dict[str, Any]) -> str:
@@ -102,7 +117,7 @@ class _BenchAgentLoopWorker(AgentLoopWorker):
                 result = await AgentLoopWorker._run_agent_loop(self, sampling_params, trajectory,
                                                                agent_name=agent_name, trace=trace, **kwargs)
             except BaseException as error:
-                await ledger.note.remote(session, ErrorInfo.of(error))
+                await ledger.note.remote(session, error_info(error, session))
                 raise
         await ledger.note.remote(session, None)
         return result

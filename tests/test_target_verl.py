@@ -1,0 +1,99 @@
+"""Real verl 0.8.0 (PyPI `verl`): seed 002 (verl#6641, #6437) on its agent-loop rollout and replay buffer.
+
+seed-002 answers 1 in 40 requests with HTTP 500 and resets 1 in 80 connections. On the first 200
+trajectories of rlvr-500 (50 groups of 4, one turn each) that fails five agent loops in five groups. verl's
+`_run_prompt` marks those roots `failure`; the shipped `ReplayBuffer.sample()` ignores root statuses and
+hands the trainer the other three sessions of each group. The `patched` variant refuses those groups.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import psutil
+import pytest
+
+from bench import RunConfig, RunResult, run_blocking
+from bench.targets.frameworks.envs import target_python
+from faults import resolve_plan
+
+VERL_PYTHON = target_python("verl")
+pytestmark = pytest.mark.skipif(VERL_PYTHON is None, reason="the verl environment is not built (make targets)")
+N = 200
+PLAN_FAULTS = {"http_error", "connection_reset"}
+
+
+def _run(variant: str) -> RunResult:
+    return run_blocking(RunConfig(trace="rlvr-500", plan=resolve_plan("seed-002"), target=f"verl:{variant}", n=N,
+                                  python=VERL_PYTHON))
+
+
+@pytest.fixture(scope="module")
+def shipped() -> RunResult:
+    return _run("shipped")
+
+
+@pytest.fixture(scope="module")
+def patched() -> RunResult:
+    return _run("patched")
+
+
+def _faulted(result: RunResult) -> dict[str, set[str]]:
+    """group -> trajectories a plan fault hit."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for event in result.fault_events:
+        assert event.group is not None
+        out[event.group].add(event.trajectory)
+    return dict(out)
+
+
+def test_both_variants_meet_the_same_faults_and_name_verls_version(shipped: RunResult, patched: RunResult) -> None:
+    for result in (shipped, patched):
+        assert {e.fault for e in result.fault_events} == PLAN_FAULTS
+        assert 2 <= len(_faulted(result)) < N // 8
+        assert result.batch_error is None and result.hang is None
+        assert result.framework == {"framework": "verl", "version": "0.8.0"}
+    assert _faulted(shipped) == _faulted(patched)
+
+
+def test_shipped_buffer_trains_on_silently_partial_groups(shipped: RunResult) -> None:
+    faulted = _faulted(shipped)
+    partial = [v for v in shipped.violations if v.invariant == "group_completeness"]
+    assert {v.evidence["group"] for v in partial} == set(faulted)
+    for violation in partial:
+        group, missing = violation.evidence["group"], set(violation.evidence["missing"])
+        assert missing == faulted[group]
+        assert len(violation.evidence["kept"]) == 4 - len(missing)
+        assert violation.fault is not None and violation.fault["fault"] in PLAN_FAULTS
+    lost = {r.trajectory for r in shipped.records if r.outcome == "lost"}
+    assert lost == {t for members in faulted.values() for t in members}
+    assert {v.invariant for v in shipped.violations} == {"group_completeness", "accounting"}
+    # what verl did hand the trainer is exactly what the server served
+    assert {r.trajectory for r in shipped.records if r.outcome != "lost"} == {
+        t for t, verdict in shipped.provenance.items() if verdict.startswith("match")}
+
+
+def test_patched_buffer_fails_closed_and_passes(patched: RunResult) -> None:
+    assert patched.violations == [], [v.message for v in patched.violations]
+    faulted = _faulted(patched)
+    failed = {r.trajectory: r for r in patched.records if r.outcome == "failed"}
+    assert set(failed) == {t for members in faulted.values() for t in members}
+    for record in failed.values():  # the failed session names its own error: the server's answer, in verl's call
+        assert record.error is not None and record.error.trajectory == record.trajectory
+        assert record.error.type == "EngineRequestError" and record.trajectory in record.error.message
+        assert any(cause in record.error.message for cause in ("500", "ServerDisconnectedError", "ClientOSError"))
+        assert "llm_server.py" in record.error.traceback and "\x1b[" not in record.error.traceback
+    dropped = [r for r in patched.records if r.outcome == "dropped"]
+    assert {r.group for r in dropped} == set(faulted)
+    assert all(r.error is not None and r.error.type == "IncompleteGroup" for r in dropped)
+    assert len(patched.records) == N and not [r for r in patched.records if r.outcome == "lost"]
+
+
+def test_no_ray_process_outlives_the_run(shipped: RunResult, patched: RunResult) -> None:
+    """Ray ran in each run's worker (its session folder `/tmp/rb-ray-*`) and went with it."""
+    leftovers = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if "rb-ray-" in cmdline or "ray::" in cmdline:
+            leftovers.append((process.info["pid"], cmdline[:200]))
+    assert leftovers == []
