@@ -47,7 +47,7 @@ TPIP = -m pip --disable-pip-version-check --quiet
 FRAMEWORKS = bench/targets/frameworks
 
 # `make targets TARGETS="areal"` builds a subset.
-TARGETS ?= miles verifiers areal verl
+TARGETS ?= miles verifiers areal verl verl-0.9
 targets: $(foreach target,$(TARGETS),$(TARGETS_DIR)/$(target)/.built)
 
 $(TARGETS_DIR)/miles/.built: $(FRAMEWORKS)/miles/env.txt $(FRAMEWORKS)/miles/env.lock
@@ -81,6 +81,15 @@ $(TARGETS_DIR)/verl/.built: $(FRAMEWORKS)/verl/env.txt $(FRAMEWORKS)/verl/env.lo
 	$(TARGETS_DIR)/verl/bin/python $(TPIP) install torch==2.13.0
 	$(TARGETS_DIR)/verl/bin/python $(TPIP) install -r $(FRAMEWORKS)/verl/env.txt -c $(FRAMEWORKS)/verl/env.lock
 	$(TARGETS_DIR)/verl/bin/python -c 'import torch, verl.trainer.main_ppo_sync; assert torch.version.cuda is None, "a CUDA torch got in"'
+	touch $@
+
+# verl 0.9.1 beside 0.8.0: the same adapter, which follows the installed trainer layout
+$(TARGETS_DIR)/verl-0.9/.built: $(FRAMEWORKS)/verl/env-0.9.txt $(FRAMEWORKS)/verl/env-0.9.lock
+	rm -rf $(TARGETS_DIR)/verl-0.9
+	$(PYTHON) -m venv $(TARGETS_DIR)/verl-0.9
+	$(TARGETS_DIR)/verl-0.9/bin/python $(TPIP) install torch==2.13.0
+	$(TARGETS_DIR)/verl-0.9/bin/python $(TPIP) install -r $(FRAMEWORKS)/verl/env-0.9.txt -c $(FRAMEWORKS)/verl/env-0.9.lock
+	$(TARGETS_DIR)/verl-0.9/bin/python -c 'import torch, verl.trainer.ppo.v1.replay_buffer; assert torch.version.cuda is None, "a CUDA torch got in"'
 	touch $@
 
 # slime has no PyPI package: its environment is optional (the slime target falls back to miles' environment,

@@ -1,9 +1,11 @@
-"""Real verl 0.8.0 (PyPI `verl`): seed 002 (verl#6641, #6437) on its agent-loop rollout and replay buffer.
+"""Real verl (PyPI 0.8.0 and 0.9.1): seed 002 (verl#6641, #6437) on its agent-loop rollout and replay buffer.
 
 seed-002 answers 1 in 40 requests with HTTP 500 and resets 1 in 80 connections. On the first 200
 trajectories of rlvr-500 (50 groups of 4, one turn each) that fails five agent loops in five groups. verl's
-`_run_prompt` marks those roots `failure`; the shipped `ReplayBuffer.sample()` ignores root statuses and
-hands the trainer the other three sessions of each group. The `patched` variant refuses those groups.
+`_run_prompt` marks those roots `failure`; 0.8.0's `ReplayBuffer.sample()` ignores root statuses, and
+0.9.1's sync buffer samples a `failure` root like a finished one: both hand the trainer the other three
+sessions of each group. The `patched` variant refuses those groups. Each version runs in its own
+environment (`.targets/verl`, `.targets/verl-0.9`); a version whose environment is not built is skipped.
 """
 
 from __future__ import annotations
@@ -14,28 +16,35 @@ import psutil
 import pytest
 
 from bench import RunConfig, RunResult, run_blocking
-from bench.targets.frameworks.envs import target_python
+from bench.targets.frameworks.envs import environment_python
 from faults import resolve_plan
 
-VERL_PYTHON = target_python("verl")
-pytestmark = pytest.mark.skipif(VERL_PYTHON is None, reason="the verl environment is not built (make targets)")
+VERSIONS = {"0.8.0": "verl", "0.9.1": "verl-0.9"}  # verl version -> its environment folder
 N = 200
 PLAN_FAULTS = {"http_error", "connection_reset"}
 
 
-def _run(variant: str) -> RunResult:
+@pytest.fixture(scope="module", params=list(VERSIONS))
+def version(request: pytest.FixtureRequest) -> str:
+    if environment_python(VERSIONS[request.param]) is None:
+        pytest.skip(f"the verl {request.param} environment (.targets/{VERSIONS[request.param]}) is not built "
+                    "(make targets)")
+    return str(request.param)
+
+
+def _run(version: str, variant: str) -> RunResult:
     return run_blocking(RunConfig(trace="rlvr-500", plan=resolve_plan("seed-002"), target=f"verl:{variant}", n=N,
-                                  python=VERL_PYTHON))
+                                  python=environment_python(VERSIONS[version])))
 
 
 @pytest.fixture(scope="module")
-def shipped() -> RunResult:
-    return _run("shipped")
+def shipped(version: str) -> RunResult:
+    return _run(version, "shipped")
 
 
 @pytest.fixture(scope="module")
-def patched() -> RunResult:
-    return _run("patched")
+def patched(version: str) -> RunResult:
+    return _run(version, "patched")
 
 
 def _faulted(result: RunResult) -> dict[str, set[str]]:
@@ -47,12 +56,13 @@ def _faulted(result: RunResult) -> dict[str, set[str]]:
     return dict(out)
 
 
-def test_both_variants_meet_the_same_faults_and_name_verls_version(shipped: RunResult, patched: RunResult) -> None:
+def test_both_variants_meet_the_same_faults_and_name_verls_version(version: str, shipped: RunResult,
+                                                                    patched: RunResult) -> None:
     for result in (shipped, patched):
         assert {e.fault for e in result.fault_events} == PLAN_FAULTS
         assert 2 <= len(_faulted(result)) < N // 8
         assert result.batch_error is None and result.hang is None
-        assert result.framework == {"framework": "verl", "version": "0.8.0"}
+        assert result.framework == {"framework": "verl", "version": version}
     assert _faulted(shipped) == _faulted(patched)
 
 

@@ -17,7 +17,7 @@ TARGET_ENVS: dict[str, tuple[str, ...]] = {
     "slime": ("slime",),
     "verifiers": ("verifiers",),
     "areal": ("areal",),
-    "verl": ("verl",),
+    "verl": ("verl", "verl-0.9"),  # 0.8.0, else 0.9.1
 }
 
 
@@ -46,3 +46,9 @@ def target_python(name: str) -> str | None:
         if python.exists():
             return str(python)
     return None
+
+
+def environment_python(folder: str) -> str | None:
+    """The interpreter of one environment folder (`verl-0.9`), or None if it was not built."""
+    python = targets_dir() / folder / "bin" / "python"
+    return str(python) if python.exists() else None

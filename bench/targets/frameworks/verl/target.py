@@ -1,27 +1,31 @@
-"""`verl`: verl 0.8.0's agent-loop rollout and replay buffer (PyPI `verl`), in its own environment.
+"""`verl`: verl's agent-loop rollout and replay buffer (PyPI `verl`, 0.8.0 or 0.9.1), in its own environment.
 
-One run is one training step of `main_ppo_sync` as far as rollout goes: the trace's groups become the
+One run is one training step of verl's sync trainer as far as rollout goes: the trace's groups become the
 step's prompts (one root `uid` per group, `rollout.n` = the group's size), verl's `AgentLoopManagerTQ`
 dispatches them to its `AgentLoopWorkerTQ` actors, whose `SingleTurnAgentLoop`s render each prompt with
 the tokenizer's chat template and generate through verl's client against the bench server
-(`engine.BenchEngine` stands in for verl's SGLang server actor), and `ReplayBuffer.sample()` hands back
-what the trainer would train on. The adapter emits exactly those samples, read back from TransferQueue.
+(`engine.BenchEngine` stands in for verl's SGLang server actor), and the trainer's `ReplayBuffer.sample()`
+hands back what the trainer would train on. The adapter emits exactly those samples, read back from
+TransferQueue. Which trainer runs follows the installed verl: 0.8.0's `main_ppo_sync` (`v0_8`), or 0.9's
+`trainer/ppo/v1` (`v0_9`).
 
 Variants:
-- `shipped` (default): the buffer as released. Seed 002 (verl#6641, #6437): `sample()` reads only
-  `success` rows and ignores terminal roots, so a group whose agent loop failed comes back partial; its
-  missing members have no record (the runner marks them lost) and `group_completeness` says so.
-- `patched`: `loop.FailClosedReplayBuffer`, our fail-closed `sample()`. A refused group's failed
-  sessions are `failed` with the error their agent loop raised; their siblings are `dropped`, naming the
-  refusal. Every dispatched trajectory ends in exactly one outcome.
+- `shipped` (default): the buffer as released. Seed 002 (verl#6641, #6437): a group whose agent loop failed
+  comes back partial (0.8.0 reads only `success` rows; 0.9.1 samples `failure` roots like finished ones);
+  its missing members have no record (the runner marks them lost) and `group_completeness` says so.
+- `patched`: `FailClosedReplayBuffer`, our fail-closed `sample()`. A refused group's failed sessions are
+  `failed` with the error their agent loop raised; their siblings are `dropped`, naming the refusal.
+  Every dispatched trajectory ends in exactly one outcome.
 
-Ray runs for the job only (see `setup`); every Ray process is gone when `run` returns.
+Ray runs for the job only (`prepare` starts it, `run` stops it; see `setup`): every Ray process is gone when
+`run` returns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import importlib.util
 import os
 import tempfile
 import threading
@@ -52,7 +56,7 @@ class VerlTarget:
     def warm_up(self, options: dict[str, Any]) -> None:
         """verl's trainer module and its imports (seconds); Ray is not started before the job."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import verl.trainer.main_ppo_sync  # noqa: F401
+        _version_module()
 
     def framework_info(self) -> dict[str, str]:
         return {"framework": DISTRIBUTION, "version": importlib.metadata.version(DISTRIBUTION)}
@@ -71,7 +75,7 @@ class VerlTarget:
             await asyncio.to_thread(self.prepare, job)
         step, self._step = self._step, None
         try:
-            records = await asyncio.to_thread(step.rollout)
+            records = await asyncio.to_thread(step.run_step)
         finally:
             await asyncio.to_thread(step.stop)
         for record in records:
@@ -88,7 +92,7 @@ class _Step:
         self.framework = f"verl {importlib.metadata.version(DISTRIBUTION)}"
         self.session: Path | None = None
         self.scratch: tempfile.TemporaryDirectory[str] | None = None
-        self.buffer: Any = None
+        self.rollout: Any = None
         self.engine: Any = None
         self.tq_started = False
 
@@ -101,11 +105,10 @@ class _Step:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.session = setup.ray_session_dir()
         setup.start_ray(self.session, CODE_ROOT)
-        from verl.workers.rollout.llm_server import GlobalRequestLoadBalancer
-
-        from . import loop
+        from . import common
         from .engine import BenchEngine
 
+        version = _version_module()
         self.scratch = tempfile.TemporaryDirectory(prefix="rollout-bench-verl-")
         response_length = max(int(s.sampling_params.get("max_new_tokens", 1024)) for s in self.job.trajectories)
         prompt_length = self.job.context_length - response_length
@@ -113,25 +116,23 @@ class _Step:
         config = setup.trainer_config(model, max(map(len, self.groups.values())), prompt_length, response_length)
         tq.init(config.transfer_queue)
         self.tq_started = True
-        self.buffer = (loop.FailClosedReplayBuffer if self.variant == "patched" else loop.ReplayBuffer)(POLL_S)
         self.engine = ray.remote(BenchEngine).remote(self.job.base_url, prompt_length, response_length,
                                                      self.job.context_length)
-        self.ledger = ray.remote(loop.Ledger).options(name=loop.LEDGER_NAME).remote()
-        balancer = GlobalRequestLoadBalancer.remote(servers={"bench-0": self.engine})
-        client = loop.BenchLLMClient(config, load_balancer_handle=balancer)
-        self.manager = loop.BenchManager.create(config, llm_client=client, replay_buffer=self.buffer)
-        ray.get([worker.__ray_ready__.remote() for worker in self.manager.agent_loop_workers])
+        self.ledger = ray.remote(common.Ledger).options(name=common.LEDGER_NAME).remote()
+        client = common.BenchLLMClient(config, load_balancer_handle=version.Rollout.balancer({"bench-0": self.engine}))
+        self.rollout = version.Rollout(config, self.variant, client, POLL_S)
+        ray.get([worker.__ray_ready__.remote() for worker in self.rollout.workers])
 
-    def rollout(self) -> list[SampleRecord]:
+    def run_step(self) -> list[SampleRecord]:
         import ray
         import transfer_queue as tq
 
-        from . import loop
+        from . import common
 
-        self.manager.generate_sequences(self._prompts())
-        batch = _sample_within(self.buffer, SAMPLE_DEADLINE_S)
+        self.rollout.dispatch(self._prompts(), STEP)
+        batch = _sample_within(self.rollout, len(self.groups), SAMPLE_DEADLINE_S)
         dispatched = {spec.id for spec in self.job.trajectories}
-        still_running = loop.wait_settled(self.ledger, dispatched, SAMPLE_DEADLINE_S)
+        still_running = common.wait_settled(self.ledger, dispatched, SAMPLE_DEADLINE_S)
         if still_running:
             raise TimeoutError(f"agent loops still running {SAMPLE_DEADLINE_S:.0f} s after sample() returned: "
                                f"{sorted(still_running)[:10]}")
@@ -140,8 +141,7 @@ class _Step:
                 if batch.keys else None)
         errors, _settled = ray.get(self.ledger.report.remote())
         finish = ray.get(self.engine.finish_reasons_seen.remote())
-        rejected = getattr(self.buffer, "rejected", {})
-        return self._records(batch.keys, rows, finish) + self._refused(rejected, errors)
+        return self._records(batch.keys, rows, finish) + self._refused(self.rollout.rejected, errors)
 
     def stop(self) -> None:
         """Everything `start` started, in reverse, whatever state it reached."""
@@ -150,8 +150,8 @@ class _Step:
         from . import setup
 
         try:
-            if self.buffer is not None:
-                self.buffer.close()
+            if self.rollout is not None:
+                self.rollout.close()
             if self.engine is not None:
                 ray.get(self.engine.close.remote(), timeout=10)
             if self.tq_started:
@@ -169,7 +169,7 @@ class _Step:
         import numpy as np
         from verl.utils import tensordict_utils as tu
 
-        from .loop import MEMBERS_KEY
+        from .common import MEMBERS_KEY
 
         uids = list(self.groups)
         raw_prompt = np.empty(len(uids), dtype=object)
@@ -224,13 +224,24 @@ def _refused_member(spec: TrajectorySpec, reason: str, error: ErrorInfo | None, 
                         error=ErrorInfo("IncompleteGroup", reason, ""), details={"framework": framework})
 
 
-def _sample_within(buffer: Any, deadline_s: float) -> Any:
-    """`buffer.sample()` (it blocks while any root is `running`) on a thread, given up after the deadline."""
+def _version_module() -> Any:
+    """How this verl lays out its sync trainer: 0.8.0's `main_ppo_sync`, or 0.9's `trainer/ppo/v1`."""
+    if importlib.util.find_spec("verl.trainer.main_ppo_sync") is not None:
+        from . import v0_8
+
+        return v0_8
+    from . import v0_9
+
+    return v0_9
+
+
+def _sample_within(rollout: Any, groups: int, deadline_s: float) -> Any:
+    """verl's `sample()` (it blocks while any root is pending or running) on a thread, given up after the deadline."""
     result: dict[str, Any] = {}
 
     def take() -> None:
         try:
-            result["batch"] = buffer.sample(partition_id="train", global_steps=STEP)
+            result["batch"] = rollout.sample(STEP, groups)
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             result["error"] = error
 
@@ -240,7 +251,6 @@ def _sample_within(buffer: Any, deadline_s: float) -> Any:
     if "error" in result:
         raise result["error"]
     if "batch" not in result:
-        with buffer.lock:
-            running = [key for key, tag in buffer.partitions["train"].items() if tag.get("status") == "running"]
-        raise TimeoutError(f"ReplayBuffer.sample() still waiting after {deadline_s:.0f} s; roots running: {running}")
+        raise TimeoutError(f"ReplayBuffer.sample() still waiting after {deadline_s:.0f} s; roots not done: "
+                           f"{rollout.running()}")
     return result["batch"]
