@@ -125,13 +125,14 @@ def test_the_bench_core_stays_light_enough_for_a_training_environment() -> None:
 
 
 def test_the_report_shows_throughput_bench_overhead_and_the_work_a_crash_threw_away(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from bench.report import write_report
+    from bench.report import format_summary, write_report
 
     crashed = _run("ref-gather:unfixed", time_scale=0.05)
     summary = write_report(crashed, tmp_path / "crashed")
     lost = {r.trajectory for r in crashed.records if r.outcome == "lost"}
     served_for_lost = [q for q in crashed.requests if q.trajectory in lost]
     assert lost and summary["orphaned_requests"] == len(served_for_lost) > 0
+    assert f"{len(served_for_lost)} served for trajectories the crash lost" in format_summary(summary)
     throughput = summary["throughput"]
     assert throughput["samples_per_s"] == round((500 - len(lost)) / crashed.duration_s, 3)
     assert throughput["bench_cpu_s"] > 0 and 0 < throughput["bench_cpu_share"] <= 2  # two cores at most

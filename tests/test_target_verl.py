@@ -11,11 +11,13 @@ environment (`.targets/verl`, `.targets/verl-0.9`); a version whose environment 
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import psutil
 import pytest
 
-from bench import RunConfig, RunResult, run_blocking
+from bench import RunConfig, RunResult, format_summary, run_blocking
+from bench.report import write_report
 from bench.targets.frameworks.envs import environment_python
 from faults import resolve_plan
 
@@ -66,7 +68,7 @@ def test_both_variants_meet_the_same_faults_and_name_verls_version(version: str,
     assert _faulted(shipped) == _faulted(patched)
 
 
-def test_shipped_buffer_trains_on_silently_partial_groups(shipped: RunResult) -> None:
+def test_shipped_buffer_trains_on_silently_partial_groups(shipped: RunResult, tmp_path: Path) -> None:
     faulted = _faulted(shipped)
     partial = [v for v in shipped.violations if v.invariant == "group_completeness"]
     assert {v.evidence["group"] for v in partial} == set(faulted)
@@ -78,6 +80,9 @@ def test_shipped_buffer_trains_on_silently_partial_groups(shipped: RunResult) ->
     lost = {r.trajectory for r in shipped.records if r.outcome == "lost"}
     assert lost == {t for members in faulted.values() for t in members}
     assert {v.invariant for v in shipped.violations} == {"group_completeness", "accounting"}
+    # no crash: the summary says the work went to trajectories verl left out, not to a crash
+    summary = write_report(shipped, tmp_path / "report")
+    assert "served for trajectories the target never gave back" in format_summary(summary)
     # what verl did hand the trainer is exactly what the server served
     assert {r.trajectory for r in shipped.records if r.outcome != "lost"} == {
         t for t, verdict in shipped.provenance.items() if verdict.startswith("match")}

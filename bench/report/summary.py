@@ -36,7 +36,8 @@ def orphaned_requests(trajectories: pd.DataFrame, requests: pd.DataFrame, return
     """Requests started before the rollout returned for trajectories it never gave back (outcome `lost`).
 
     That is the work a crashed batch threw away: requests in flight when it went down (cut, or
-    answered to nobody) and answers that arrived before the crash but died with their group.
+    answered to nobody) and answers that arrived before the crash but died with their group; without a
+    crash, the work a target silently left out of what it returned (a partial group's missing members).
     """
     if returned_at is None or requests.empty:
         return 0
@@ -194,7 +195,8 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
                                         + (f"; target {throughput['target_cpu_s']} s CPU"
                                            if throughput['target_cpu_s'] is not None else "")))
     if summary.get("orphaned_requests"):
-        lines.append(("orphaned requests", f"{summary['orphaned_requests']} served for trajectories the crash lost"))
+        whose = "the crash lost" if summary["batch_error"] else "the target never gave back"
+        lines.append(("orphaned requests", f"{summary['orphaned_requests']} served for trajectories {whose}"))
     error = summary["batch_error"]
     if error:
         lines.append(("batch error", error.get("explanation") or f"{error['type']}: {error['message']}"))
