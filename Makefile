@@ -75,22 +75,22 @@ $(TARGETS_DIR)/areal/.built: $(FRAMEWORKS)/areal/env.txt $(FRAMEWORKS)/areal/env
 	$(TARGETS_DIR)/areal/bin/python -c 'import torch, areal.engine.sglang_remote; assert torch.version.cuda is None, "a CUDA torch got in"'
 	touch $@
 
+# A framework installable with torch alone first: $(call torch_env,FOLDER,ENV_TXT,ENV_LOCK,MODULE_TO_IMPORT)
+define torch_env
+	rm -rf $(TARGETS_DIR)/$(1)
+	$(PYTHON) -m venv $(TARGETS_DIR)/$(1)
+	$(TARGETS_DIR)/$(1)/bin/python $(TPIP) install torch==2.13.0
+	$(TARGETS_DIR)/$(1)/bin/python $(TPIP) install -r $(2) -c $(3)
+	$(TARGETS_DIR)/$(1)/bin/python -c 'import torch, $(4); assert torch.version.cuda is None, "a CUDA torch got in"'
+	touch $(TARGETS_DIR)/$(1)/.built
+endef
+
 $(TARGETS_DIR)/verl/.built: $(FRAMEWORKS)/verl/env.txt $(FRAMEWORKS)/verl/env.lock
-	rm -rf $(TARGETS_DIR)/verl
-	$(PYTHON) -m venv $(TARGETS_DIR)/verl
-	$(TARGETS_DIR)/verl/bin/python $(TPIP) install torch==2.13.0
-	$(TARGETS_DIR)/verl/bin/python $(TPIP) install -r $(FRAMEWORKS)/verl/env.txt -c $(FRAMEWORKS)/verl/env.lock
-	$(TARGETS_DIR)/verl/bin/python -c 'import torch, verl.trainer.main_ppo_sync; assert torch.version.cuda is None, "a CUDA torch got in"'
-	touch $@
+	$(call torch_env,verl,$(FRAMEWORKS)/verl/env.txt,$(FRAMEWORKS)/verl/env.lock,verl.trainer.main_ppo_sync)
 
 # verl 0.9.1 beside 0.8.0: the same adapter, which follows the installed trainer layout
 $(TARGETS_DIR)/verl-0.9/.built: $(FRAMEWORKS)/verl/env-0.9.txt $(FRAMEWORKS)/verl/env-0.9.lock
-	rm -rf $(TARGETS_DIR)/verl-0.9
-	$(PYTHON) -m venv $(TARGETS_DIR)/verl-0.9
-	$(TARGETS_DIR)/verl-0.9/bin/python $(TPIP) install torch==2.13.0
-	$(TARGETS_DIR)/verl-0.9/bin/python $(TPIP) install -r $(FRAMEWORKS)/verl/env-0.9.txt -c $(FRAMEWORKS)/verl/env-0.9.lock
-	$(TARGETS_DIR)/verl-0.9/bin/python -c 'import torch, verl.trainer.ppo.v1.replay_buffer; assert torch.version.cuda is None, "a CUDA torch got in"'
-	touch $@
+	$(call torch_env,verl-0.9,$(FRAMEWORKS)/verl/env-0.9.txt,$(FRAMEWORKS)/verl/env-0.9.lock,verl.trainer.ppo.v1.replay_buffer)
 
 # slime has no PyPI package: its environment is optional (the slime target falls back to miles' environment,
 # which lacks a few of slime's imports); its source comes from a checkout (--source DIR / ROLLOUT_BENCH_SLIME_PATH).

@@ -8,7 +8,6 @@ groups, both rules among them.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 
 import pytest
 
@@ -17,9 +16,10 @@ from bench.invariants import RunView, check_all, group_completeness
 from bench.targets import resolve_target
 from bench.targets.reference.replay_buffer import Batch, IncompleteGroup, RefReplayBuffer, ReplayBuffer
 from faults import FaultEvent, resolve_plan
+from tests.seed_002_helpers import SEED_002_FAULTS, assert_partial_groups_named, faulted_groups
 
 N = 60
-PLAN_FAULTS = {"http_error", "connection_reset"}
+PLAN_FAULTS = SEED_002_FAULTS
 
 
 def _run(variant: str) -> RunResult:
@@ -37,36 +37,18 @@ def fixed() -> RunResult:
     return _run("fixed")
 
 
-def _faulted(result: RunResult) -> dict[str, set[str]]:
-    """group -> trajectories a plan fault hit."""
-    out: dict[str, set[str]] = defaultdict(set)
-    for event in result.fault_events:
-        assert event.group is not None
-        out[event.group].add(event.trajectory)
-    return dict(out)
-
-
 def test_seed_002_hits_a_few_groups_with_both_rules(unfixed: RunResult, fixed: RunResult) -> None:
     for result in (unfixed, fixed):
         assert {e.fault for e in result.fault_events} == PLAN_FAULTS
-        assert 2 <= len(_faulted(result)) < N // 4
+        assert 2 <= len(faulted_groups(result)) < N // 4
         assert result.batch_error is None and result.hang is None
         assert {r.turn for r in result.requests} == {0, 1}  # agent loops of two turns
-    assert _faulted(unfixed) == _faulted(fixed)
+    assert faulted_groups(unfixed) == faulted_groups(fixed)
 
 
 def test_unfixed_buffer_trains_on_silently_partial_groups(unfixed: RunResult) -> None:
-    faulted = _faulted(unfixed)
+    assert_partial_groups_named(unfixed)
     partial = [v for v in unfixed.violations if v.invariant == "group_completeness"]
-    assert {v.evidence["group"] for v in partial} == set(faulted)
-    for violation in partial:
-        group, missing = violation.evidence["group"], set(violation.evidence["missing"])
-        assert missing == faulted[group]
-        assert len(violation.evidence["kept"]) == 4 - len(missing)
-        assert set(violation.evidence["missing_faults"]) == missing
-        assert violation.fault is not None and violation.fault["fault"] in PLAN_FAULTS
-        assert violation.fault["group"] == group and violation.fault["trajectory"] in missing
-        assert violation.trajectory == violation.fault["trajectory"]
     assert {v.fault["fault"] for v in partial if v.fault} == PLAN_FAULTS
     # the members the buffer silently lost: no record from the target, so the runner marks them lost
     missing = {t for v in partial for t in v.evidence["missing"]}
@@ -81,7 +63,7 @@ def test_unfixed_buffer_trains_on_silently_partial_groups(unfixed: RunResult) ->
 
 def test_fixed_buffer_fails_closed_and_reports_every_member(fixed: RunResult) -> None:
     assert fixed.violations == []
-    faulted = _faulted(fixed)
+    faulted = faulted_groups(fixed)
     by_id = {r.trajectory: r for r in fixed.records}
     assert len(by_id) == len(fixed.records) == N
     for group, hit in faulted.items():

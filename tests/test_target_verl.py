@@ -10,7 +10,6 @@ environment (`.targets/verl`, `.targets/verl-0.9`); a version whose environment 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 import psutil
@@ -20,10 +19,11 @@ from bench import RunConfig, RunResult, format_summary, run_blocking
 from bench.report import write_report
 from bench.targets.frameworks.envs import environment_python
 from faults import resolve_plan
+from tests.seed_002_helpers import SEED_002_FAULTS, assert_partial_groups_named, faulted_groups
 
 VERSIONS = {"0.8.0": "verl", "0.9.1": "verl-0.9"}  # verl version -> its environment folder
 N = 200
-PLAN_FAULTS = {"http_error", "connection_reset"}
+PLAN_FAULTS = SEED_002_FAULTS
 
 
 @pytest.fixture(scope="module", params=list(VERSIONS))
@@ -49,34 +49,19 @@ def patched(version: str) -> RunResult:
     return _run(version, "patched")
 
 
-def _faulted(result: RunResult) -> dict[str, set[str]]:
-    """group -> trajectories a plan fault hit."""
-    out: dict[str, set[str]] = defaultdict(set)
-    for event in result.fault_events:
-        assert event.group is not None
-        out[event.group].add(event.trajectory)
-    return dict(out)
-
-
 def test_both_variants_meet_the_same_faults_and_name_verls_version(version: str, shipped: RunResult,
                                                                     patched: RunResult) -> None:
     for result in (shipped, patched):
         assert {e.fault for e in result.fault_events} == PLAN_FAULTS
-        assert 2 <= len(_faulted(result)) < N // 8
+        assert 2 <= len(faulted_groups(result)) < N // 8
         assert result.batch_error is None and result.hang is None
         assert result.framework == {"framework": "verl", "version": version}
-    assert _faulted(shipped) == _faulted(patched)
+    assert faulted_groups(shipped) == faulted_groups(patched)
 
 
 def test_shipped_buffer_trains_on_silently_partial_groups(shipped: RunResult, tmp_path: Path) -> None:
-    faulted = _faulted(shipped)
-    partial = [v for v in shipped.violations if v.invariant == "group_completeness"]
-    assert {v.evidence["group"] for v in partial} == set(faulted)
-    for violation in partial:
-        group, missing = violation.evidence["group"], set(violation.evidence["missing"])
-        assert missing == faulted[group]
-        assert len(violation.evidence["kept"]) == 4 - len(missing)
-        assert violation.fault is not None and violation.fault["fault"] in PLAN_FAULTS
+    faulted = faulted_groups(shipped)
+    assert_partial_groups_named(shipped)
     lost = {r.trajectory for r in shipped.records if r.outcome == "lost"}
     assert lost == {t for members in faulted.values() for t in members}
     assert {v.invariant for v in shipped.violations} == {"group_completeness", "accounting"}
@@ -90,7 +75,7 @@ def test_shipped_buffer_trains_on_silently_partial_groups(shipped: RunResult, tm
 
 def test_patched_buffer_fails_closed_and_passes(patched: RunResult) -> None:
     assert patched.violations == [], [v.message for v in patched.violations]
-    faulted = _faulted(patched)
+    faulted = faulted_groups(patched)
     failed = {r.trajectory: r for r in patched.records if r.outcome == "failed"}
     assert set(failed) == {t for members in faulted.values() for t in members}
     for record in failed.values():  # the failed session names its own error: the server's answer, in verl's call

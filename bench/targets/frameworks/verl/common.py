@@ -17,8 +17,10 @@ objects verl defines (`adopt_methods`).
 
 from __future__ import annotations
 
+import logging
 import re
 import time
+from collections import defaultdict
 from typing import Any
 
 import ray
@@ -29,6 +31,8 @@ from bench.records.attribution import CURRENT_TRAJECTORY, trajectory_scope
 from bench.records.sample import ErrorInfo
 
 from .engine import TRAJECTORY_KEYWORD
+
+log = logging.getLogger(__name__)
 
 MEMBERS_KEY = "bench_members"  # per prompt: the group's trajectory ids, "|"-joined, in session order
 LEDGER_NAME = "rollout-bench-ledger"
@@ -123,5 +127,33 @@ def wait_settled(ledger: Any, expected: set[str], deadline_s: float) -> set[str]
         time.sleep(0.1)
 
 
-def refusal(uid: str, status: str, succeeded: int, expected: int) -> str:
-    return f"root {uid} ended {status!r} with {succeeded} of {expected} sessions succeeded: not trained on"
+class StartsBenchWorkers:
+    """Mixin for verl's `AgentLoopManagerTQ`: its workers are `bench_workers` (set by each version's module)."""
+
+    bench_workers: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.agent_loop_workers_class = self.bench_workers
+
+
+def complete_groups(keys: list[str], tags: list[dict], roots: dict[str, tuple[str, int]],
+                    rejected: dict[str, str]) -> tuple[list[str], list[dict]]:
+    """The fail-closed rule of `patched`: the rows of the groups that may be trained on.
+
+    `roots` maps each root of the batch to its terminal status and the sessions it expected. A root that
+    ended `failure`, or with fewer successful sessions (unique session ids among its rows, not rows) than
+    expected, is refused: noted in `rejected` (uid -> why) and logged, its rows left out.
+    """
+    sessions: dict[str, set[str]] = defaultdict(set)
+    for key in keys:
+        uid, session, _index = key.split("_")
+        sessions[uid].add(session)
+    for uid, (status, expected) in roots.items():
+        succeeded = len(sessions.get(uid, ()))
+        if status == "failure" or succeeded < expected:
+            rejected[uid] = (f"root {uid} ended {status!r} with {succeeded} of {expected} sessions succeeded: "
+                             "not trained on")
+            log.error("replay buffer: %s", rejected[uid])
+    kept = [(key, tag) for key, tag in zip(keys, tags, strict=True) if key.split("_")[0] not in rejected]
+    return [key for key, _ in kept], [tag for _, tag in kept]

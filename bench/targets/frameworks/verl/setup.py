@@ -30,9 +30,10 @@ def model_folder(tokenizer_path: Path, into: Path) -> Path:
     folder = into / "model"
     shutil.copytree(tokenizer_path, folder)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    Qwen2Config(architectures=["Qwen2ForCausalLM"], vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                num_attention_heads=2, num_key_value_heads=1, bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(folder)
+    Qwen2Config(architectures=["Qwen2ForCausalLM"], vocab_size=len(tokenizer), hidden_size=16,
+                intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id).save_pretrained(folder)
     return folder
 
 

@@ -14,16 +14,12 @@ rows) than it expected, is not trained on: its keys leave the batch and the refu
 
 from __future__ import annotations
 
-import logging
-from collections import defaultdict
 from typing import Any
 
 from verl.trainer.main_ppo_sync import AgentLoopManagerTQ, AgentLoopWorkerTQ, KVBatchMeta, ReplayBuffer
 from verl.workers.rollout.llm_server import GlobalRequestLoadBalancer
 
-from .common import EXPECTED_KEY, MEMBERS_KEY, SessionBookkeeping, adopt_methods, refusal
-
-log = logging.getLogger(__name__)
+from .common import EXPECTED_KEY, MEMBERS_KEY, SessionBookkeeping, StartsBenchWorkers, adopt_methods, complete_groups
 
 
 class _BenchAgentLoopWorker(SessionBookkeeping):
@@ -33,12 +29,10 @@ class _BenchAgentLoopWorker(SessionBookkeeping):
 BenchAgentLoopWorker = adopt_methods(_BenchAgentLoopWorker, AgentLoopWorkerTQ)
 
 
-class BenchManager(AgentLoopManagerTQ):
+class BenchManager(StartsBenchWorkers, AgentLoopManagerTQ):
     """verl's manager, starting the bench's worker class and noting each root's expected session count."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.agent_loop_workers_class = BenchAgentLoopWorker
+    bench_workers = BenchAgentLoopWorker
 
     def generate_sequences(self, prompts: Any) -> None:
         expected = {uid: {EXPECTED_KEY: len(str(members).split("|"))}
@@ -57,20 +51,11 @@ class FailClosedReplayBuffer(ReplayBuffer):
     def sample(self, partition_id: str, global_steps: int | None = None, batch_size: int | None = None) -> Any:
         batch = super().sample(partition_id, global_steps=global_steps, batch_size=batch_size)
         with self.lock:
-            roots = {key: dict(tag) for key, tag in self.partitions[partition_id].items()
+            roots = {key: (tag["status"], int(tag.get(EXPECTED_KEY, 0)))
+                     for key, tag in self.partitions[partition_id].items()
                      if "_" not in key and tag.get("global_steps") == global_steps}
-        sessions: dict[str, set[str]] = defaultdict(set)
-        for key in batch.keys:
-            uid, session, _index = key.split("_")
-            sessions[uid].add(session)
-        for uid, tag in roots.items():
-            expected, succeeded = int(tag.get(EXPECTED_KEY, 0)), len(sessions.get(uid, ()))
-            if tag["status"] == "failure" or succeeded < expected:
-                self.rejected[uid] = refusal(uid, tag["status"], succeeded, expected)
-                log.error("replay buffer: %s", self.rejected[uid])
-        kept = [(key, tag) for key, tag in zip(batch.keys, batch.tags, strict=True)
-                if key.split("_")[0] not in self.rejected]
-        return KVBatchMeta(partition_id=partition_id, keys=[k for k, _ in kept], tags=[t for _, t in kept])
+        keys, tags = complete_groups(batch.keys, batch.tags, roots, self.rejected)
+        return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags)
 
 
 class Rollout:

@@ -15,8 +15,6 @@ that ended `failure`, or with fewer successful sessions than it expected, leaves
 
 from __future__ import annotations
 
-import logging
-from collections import defaultdict
 from typing import Any
 
 import transfer_queue as tq
@@ -25,9 +23,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorke
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
-from .common import MEMBERS_KEY, SessionBookkeeping, adopt_methods, refusal
-
-log = logging.getLogger(__name__)
+from .common import MEMBERS_KEY, SessionBookkeeping, StartsBenchWorkers, adopt_methods, complete_groups
 
 
 class _BenchAgentLoopWorker(SessionBookkeeping):
@@ -37,12 +33,10 @@ class _BenchAgentLoopWorker(SessionBookkeeping):
 BenchAgentLoopWorker = adopt_methods(_BenchAgentLoopWorker, AgentLoopWorkerTQ)
 
 
-class BenchManager(AgentLoopManagerTQ):
+class BenchManager(StartsBenchWorkers, AgentLoopManagerTQ):
     """verl's manager, starting the bench's worker class."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.agent_loop_workers_class = BenchAgentLoopWorker
+    bench_workers = BenchAgentLoopWorker
 
 
 class FailClosedReplayBuffer(ReplayBuffer):
@@ -56,19 +50,10 @@ class FailClosedReplayBuffer(ReplayBuffer):
     def _materialize_batch(self, partition_id: str, selected_prompt_uids: list[str],
                            partition_snapshot: dict[str, dict]) -> Any:
         batch = super()._materialize_batch(partition_id, selected_prompt_uids, partition_snapshot)
-        sessions: dict[str, set[str]] = defaultdict(set)
-        for key in batch.keys:
-            uid, session, _index = key.split("_")
-            sessions[uid].add(session)
-        for uid in selected_prompt_uids:
-            status = "failure" if uid in self.failure_keys[partition_id] else "finished"
-            expected, succeeded = self.expected.get(uid, 0), len(sessions.get(uid, ()))
-            if status == "failure" or succeeded < expected:
-                self.rejected[uid] = refusal(uid, status, succeeded, expected)
-                log.error("replay buffer: %s", self.rejected[uid])
-        kept = [(key, tag) for key, tag in zip(batch.keys, batch.tags, strict=True)
-                if key.split("_")[0] not in self.rejected]
-        return KVBatchMeta(partition_id=partition_id, keys=[k for k, _ in kept], tags=[t for _, t in kept])
+        roots = {uid: ("failure" if uid in self.failure_keys[partition_id] else "finished", self.expected.get(uid, 0))
+                 for uid in selected_prompt_uids}
+        keys, tags = complete_groups(batch.keys, batch.tags, roots, self.rejected)
+        return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags)
 
 
 def _no_refill(count: int) -> int:
