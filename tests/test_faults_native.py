@@ -891,3 +891,18 @@ def test_a_recorded_error_turn_masks_faults_that_do_not_answer_for_it() -> None:
             f"The input ({len(ids)} tokens) is longer than the model's context length (10 tokens).")
         assert [(e.fault, e.turn, e.attempt) for e in log.events] == [
             ("router_no_workers", turn, 2), ("context_length_error", turn, 3)]
+
+
+def test_a_reset_attempt_counts_as_failed_so_its_headerless_retry_is_matched_to_the_same_member() -> None:
+    """A GRPO group's identical prompts are told apart by arrival order; a member whose connection a fault reset
+    has failed its attempt, so the client's retry (no trajectory header) is that member's attempt 2, not a
+    sibling's second answer."""
+    plan = plan_from_specs(["connection_reset:p=1,trajectories=g00003-1"], seed=0)
+    with ServerThread("rlvr-500", plan=plan) as thread:
+        group = thread.context.store.groups["g00003"].members
+        body = {"input_ids": turn_input(group[0], 0), "sampling_params": {"max_new_tokens": 8}, "return_logprob": True}
+        replies = [raw_post(thread.url, {**body, "rid": uuid.uuid4().hex}, {}) for _ in range(len(group) + 1)]
+        assert [r.reset for r in replies] == [False, True, False, False, True]  # the retry is g00003-1's: reset again
+        log = [(r.trajectory, r.attempt) for r in thread.context.log.records]
+        assert log == [("g00003-0", 1), ("g00003-1", 1), ("g00003-2", 1), ("g00003-3", 1), ("g00003-1", 2)]
+        assert thread.context.log.records[1].error == "connection reset by a fault"

@@ -40,3 +40,14 @@ def test_areal_keeps_retrying_the_routers_terminal_no_workers_answer() -> None:
     storms = [v for v in result.violations if v.invariant == "retry_discipline"]
     assert storms and all(r.outcome == "failed" for r in result.records)
     assert any("kept retrying a terminal error" in v.message for v in storms)
+
+
+def test_areal_retries_seed_002s_server_errors_and_resets_and_keeps_every_episode() -> None:
+    """Seed 002 on AReaL: its engine retries the 500s and the dropped connection, so every episode trains."""
+    result = _run(resolve_plan("seed-002"), n=200)
+    hit = {e.trajectory for e in result.fault_events}
+    assert {e.fault for e in result.fault_events} == {"http_error", "connection_reset"} and len(hit) >= 3
+    assert {r.outcome for r in result.records} <= {"completed", "truncated"} and len(result.records) == 200
+    requests = {t: sum(q.trajectory == t for q in result.requests) for t in hit}
+    assert all(count >= 2 for count in requests.values()), requests  # retried, not lucky
+    assert result.violations == [], [v.message for v in result.violations]

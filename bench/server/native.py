@@ -51,10 +51,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return await _stream_error(request, ctx, error.message) if stream else wire.value_error(error.message)
     prepared = [_prepare(ctx, request, parsed, item, arrived, forced) for item in parsed.items]
     exchanges = [p for p in prepared if isinstance(p, tuple)]
-    for _, _, exchange in exchanges:
+    for _, record, exchange in exchanges:
         if exchange.replacement is not None:
             return transport.replacement_response(exchange.replacement)
         if exchange.transport.reset and not (parsed.stream and exchange.transport.cut_after_chunks is not None):
+            # an identified attempt that got no answer failed: a retry of it is matched to this member
+            reject(ctx, record, 0, "connection reset by a fault", arrived, exchange.generation)
+            record.status = None
             return transport.drop_connection(request)
     first = exchanges[0][2] if exchanges else None
     if first is not None:
