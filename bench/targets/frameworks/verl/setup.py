@@ -4,8 +4,8 @@
   bench's tokenizer is copied beside a tiny Qwen2 config written by transformers (never downloaded).
 - The config: verl's own `ppo_trainer` config composed with Hydra, with the few values a CPU run needs
   (the model folder, group size, prompt/response window, two agent-loop workers, two storage units).
-- Ray: `ray.init(num_cpus=8, include_dashboard=False)` in the run's own process, never in warm-up (a warm
-  worker forks after warm-up; Ray does not survive a fork). TransferQueue reserves three CPUs for its
+- Ray: `ray.init(num_cpus=8, include_dashboard=False)`, usage stats off, in the run's own process, never
+  in warm-up (a warm worker forks after warm-up; Ray does not survive a fork). TransferQueue reserves three CPUs for its
   actors and `tq.init()` waits forever with fewer, hence 8 logical CPUs on a 2-core machine. The session
   folder is short (Ray's socket paths are limited to 107 bytes) and removed after `ray.shutdown()`.
 """
@@ -72,8 +72,9 @@ def start_ray(session: Path, code_root: Path) -> None:
     """A local Ray runtime whose workers import the bench (actors run the bench's subclasses) and nothing online."""
     import ray
 
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # Ray would report usage online; nothing leaves 127.0.0.1
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(code_root), os.environ.get("PYTHONPATH", "")) if p),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
     ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, _temp_dir=str(session),
              runtime_env={"env_vars": env}, configure_logging=False)
 
