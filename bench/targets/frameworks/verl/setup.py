@@ -64,8 +64,27 @@ def trainer_config(model: Path, group_size: int, prompt_length: int, response_le
     return config
 
 
+SESSION_PREFIX = "rb-ray-"
+
+
 def ray_session_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="rb-ray-", dir="/tmp"))
+    """A fresh Ray session folder named after this process; folders of processes that died (a worker killed
+    for a hang never reaches its teardown; its Ray processes die with its process group) are removed."""
+    for folder in Path("/tmp").glob(f"{SESSION_PREFIX}*"):
+        owner = folder.name[len(SESSION_PREFIX):].partition("-")[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-", dir="/tmp"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def start_ray(session: Path, code_root: Path) -> None:
