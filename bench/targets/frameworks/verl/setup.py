@@ -98,10 +98,21 @@ def start_ray(session: Path, code_root: Path) -> None:
              runtime_env={"env_vars": env}, configure_logging=False)
 
 
-def stop_ray(session: Path) -> None:
+def stop_ray(session: Path, grace_s: float = 15.0) -> None:
+    """`ray.shutdown()`, then wait for every process Ray started to be gone: shutdown returns while its
+    actor processes are still exiting. Stragglers after `grace_s` are killed; all of them are ours."""
+    import psutil
     import ray
 
+    started = psutil.Process().children(recursive=True)  # raylet, GCS and, beneath them, actors and workers
     try:
         ray.shutdown()
     finally:
+        _gone, alive = psutil.wait_procs(started, timeout=grace_s)
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
         shutil.rmtree(session, ignore_errors=True)
