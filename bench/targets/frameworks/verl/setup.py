@@ -70,21 +70,13 @@ SESSION_PREFIX = "rb-ray-"
 def ray_session_dir() -> Path:
     """A fresh Ray session folder named after this process; folders of processes that died (a worker killed
     for a hang never reaches its teardown; its Ray processes die with its process group) are removed."""
+    import psutil
+
     for folder in Path("/tmp").glob(f"{SESSION_PREFIX}*"):
         owner = folder.name[len(SESSION_PREFIX):].partition("-")[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
             shutil.rmtree(folder, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-", dir="/tmp"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def start_ray(session: Path, code_root: Path) -> None:
