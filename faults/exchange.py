@@ -36,6 +36,7 @@ class Transport:
     truncate_at: float | None = None  # share of the body sent before the connection drops
     cut_after_chunks: int | None = None  # stream: events sent before the stream ends
     done_after_cut: bool = False  # stream: a cut stream still ends with `data: [DONE]`
+    until_version: int | None = None  # hold the answer until the server's weight version is this (`delay` at most)
 
 
 @dataclass

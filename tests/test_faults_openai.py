@@ -13,6 +13,7 @@ import json
 import math
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -615,6 +616,41 @@ def test_stale_weight_version(sglang: ServerThread) -> None:
     with fires(sglang, "stale_weight_version", trajectory, endpoint=COMPLETIONS):
         resp = complete(sglang, trajectory, "stale_weight_version:behind=2")
     assert resp.model_extra["metadata"] == {"weight_version": "default-stale2"}
+
+
+def _set_version(server: ServerThread, version: str) -> None:
+    answer = request(server.url, "/update_weight_version", {"new_version": version, "abort_all_requests": False})
+    assert answer.status == 200
+
+
+def test_stale_weight_version_on_vllm_holds_the_answer_for_a_newer_policy() -> None:
+    """vLLM bodies carry no version (clients stamp the policy at send time): a stale answer is a late one, let
+    go only once the server is `behind` versions past the one the request arrived at."""
+    with ServerThread("rlvr-500") as server, ThreadPoolExecutor(1) as pool:
+        _set_version(server, "3")
+        trajectory = fresh()
+        with fires(server, "stale_weight_version", trajectory, endpoint=COMPLETIONS):
+            answer = pool.submit(complete, server, trajectory, "stale_weight_version:behind=2")
+            time.sleep(0.5)
+            _set_version(server, "4")
+            time.sleep(0.5)
+            assert not answer.done(), "answered while the server was only one version on"
+            _set_version(server, "5")
+            resp = answer.result(timeout=10)
+        assert resp.choices[0].token_ids and "metadata" not in resp.model_extra
+        event = server.context.faults.log.events[-1]
+        assert event.change == "held until weight_version 5 (arrived at 3; 30 s at most)"
+
+
+def test_stale_weight_version_on_vllm_lets_go_after_hold_s() -> None:
+    """A trainer that waits for this very answer never publishes the newer policy: the hold ends anyway."""
+    with ServerThread("rlvr-500") as server:
+        _set_version(server, "0")
+        trajectory = fresh()
+        with fires(server, "stale_weight_version", trajectory, endpoint=COMPLETIONS):
+            resp = complete(server, trajectory, "stale_weight_version:behind=1,hold_s=0.2")
+        assert resp.choices[0].token_ids
+        assert server.context.state.weight_version == "0"
 
 
 # -- what the model says -------------------------------------------------------------------------------

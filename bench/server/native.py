@@ -61,7 +61,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return transport.drop_connection(request)
     first = exchanges[0][2] if exchanges else None
     if first is not None:
-        await transport.wait_before_answer(first)
+        await transport.wait_before_answer(first, ctx.state)
     if parsed.stream:
         content_type = first.content_type if first is not None else None
         return await _generate_stream(request, ctx, parsed, prepared, arrived, content_type)

@@ -171,7 +171,7 @@ def _forced(request: web.Request) -> tuple[Rule, ...]:
 async def _wait_before_answer(ctx: ServerContext, choices: list[Choice], exchanges: list[Exchange]) -> None:
     """Latency and stall faults hold the whole answer; a client giving up meanwhile is logged."""
     try:
-        await transport.wait_before_answer(max(exchanges, key=lambda e: e.transport.delay))
+        await transport.wait_before_answer(max(exchanges, key=lambda e: e.transport.delay), ctx.state)
     except asyncio.CancelledError:
         for choice in choices:
             choice.record.client_disconnected = True

@@ -24,13 +24,37 @@ class InFlight:
 
 class ServerState:
     def __init__(self, weight_version: str = "default") -> None:
-        self.weight_version = weight_version
+        self._weight_version = weight_version
+        self._version_changed = asyncio.Event()  # set, and replaced, on every change
         self.running = asyncio.Event()
         self.running.set()
         self.pause_mode: str | None = None
         self.inflight: dict[str, InFlight] = {}
         self.waiting = 0
         self.workers_available = True  # False: the router surface answers no-available-workers
+
+    @property
+    def weight_version(self) -> str:
+        return self._weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: str) -> None:
+        self._weight_version = version
+        changed, self._version_changed = self._version_changed, asyncio.Event()
+        changed.set()
+
+    async def wait_for_version(self, at_least: int, timeout: float) -> bool:
+        """Wait until the weight version is a number >= `at_least`; False if `timeout` seconds pass first."""
+        deadline = time.monotonic() + timeout
+        while not (self._weight_version.isdigit() and int(self._weight_version) >= at_least):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._version_changed.wait(), left)
+            except asyncio.TimeoutError:
+                return False
+        return True
 
     @property
     def paused(self) -> bool:

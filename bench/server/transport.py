@@ -11,6 +11,7 @@ from aiohttp import web
 from faults import Exchange, Replacement
 
 from . import wire
+from .state import ServerState
 
 
 def drop_connection(request: web.Request) -> web.StreamResponse:
@@ -58,7 +59,10 @@ async def send_body(request: web.Request, body: bytes, exchange: Exchange | None
     return drop_connection(request)
 
 
-async def wait_before_answer(exchange: Exchange) -> None:
-    """Latency and stall faults: nothing is sent meanwhile (a stalled client gives up first)."""
-    if exchange.transport.delay > 0:
+async def wait_before_answer(exchange: Exchange, state: ServerState) -> None:
+    """Latency and stall faults: nothing is sent meanwhile (a stalled client gives up first). A hold for a newer
+    policy (`until_version`) ends when the server's weight version gets there, or after `delay` at the latest."""
+    if exchange.transport.until_version is not None:
+        await state.wait_for_version(exchange.transport.until_version, exchange.transport.delay)
+    elif exchange.transport.delay > 0:
         await asyncio.sleep(exchange.transport.delay)

@@ -1,6 +1,10 @@
-"""`stale_weight_version`: the answer reports a policy `behind` versions older than the server's.
+"""`stale_weight_version`: the answer comes from a policy `behind` versions older than the server's.
 
-Numeric versions count down (floored at 0); a non-numeric one becomes `<version>-stale<k>`.
+Where the answer reports a weight version (SGLang's `meta_info` / `metadata`), the reported version counts
+down (floored at 0; a non-numeric one becomes `<version>-stale<k>`). vLLM's answers carry no version: its
+clients stamp the policy when they send the request (open-instruct's `model_step`), so there a stale answer
+is a late one. The server holds it until its weight version is `behind` past the one the request arrived at,
+or for `hold_s` seconds at most (a trainer that waits for this very answer must not deadlock).
 """
 
 from ..base import Fault, FaultError, register
@@ -12,13 +16,26 @@ class StaleWeightVersion(Fault):
     name = "stale_weight_version"
     category = "protocol"
     behind: int = 1
+    hold_s: float = 30.0
 
     def check(self) -> None:
         if self.behind < 1:
             raise FaultError(f"{self.name}: parameter 'behind' must be at least 1; got {self.behind}")
+        if self.hold_s <= 0:
+            raise FaultError(f"{self.name}: parameter 'hold_s' must be positive; got {self.hold_s}")
 
     def apply(self, exchange: Exchange) -> str:
         current = exchange.weight_version
+        if exchange.api == "openai" and exchange.flavor == "vllm":
+            return self._hold(exchange, current)
         stale = str(max(0, int(current) - self.behind)) if current.isdigit() else f"{current}-stale{self.behind}"
         exchange.reported_weight_version = stale
         return f"weight_version {current} -> {stale}"
+
+    def _hold(self, exchange: Exchange, current: str) -> str:
+        if not current.isdigit():
+            return f"not held: weight_version {current!r} is not a number, so no newer one can be waited for"
+        newer = int(current) + self.behind
+        exchange.transport.until_version = newer
+        exchange.transport.delay = max(exchange.transport.delay, self.hold_s)
+        return f"held until weight_version {newer} (arrived at {current}; {self.hold_s:g} s at most)"
