@@ -13,13 +13,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from bench import RunConfig, RunResult, format_summary, run_blocking
 from bench.report import write_report
 from bench.targets.frameworks.envs import environment_python
 from faults import plan_from_specs, resolve_plan
+from tests.ray_helpers import ray_processes, worker_pid
 from tests.seed_002_helpers import SEED_002_FAULTS, assert_partial_groups_named, faulted_groups
 
 VERSIONS = {"0.8.0": "verl", "0.9.1": "verl-0.9"}  # verl version -> its environment folder
@@ -92,7 +92,7 @@ def test_patched_buffer_fails_closed_and_passes(patched: RunResult) -> None:
 
 def test_no_ray_process_outlives_the_run(shipped: RunResult, patched: RunResult) -> None:
     """Ray ran in each run's worker (its session folder `/tmp/rb-ray-*`) and went with it."""
-    assert _ray_processes() == []
+    assert ray_processes({worker_pid(shipped), worker_pid(patched)}) == []
 
 
 def test_a_hung_step_is_a_liveness_finding_and_leaves_no_ray_behind() -> None:
@@ -107,19 +107,10 @@ def test_a_hung_step_is_a_liveness_finding_and_leaves_no_ray_behind() -> None:
     assert stalled.hang is not None and [v.invariant for v in stalled.violations] == ["liveness"]
     # its Ray workers, outside the killed process group, exit once they see their raylet gone
     deadline = time.monotonic() + 30
-    while _ray_processes() and time.monotonic() < deadline:
+    while ray_processes({worker_pid(stalled)}) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _ray_processes() == []
+    assert ray_processes({worker_pid(stalled)}) == []
     left = set(Path("/tmp").glob("rb-ray-*"))
     clean = run_blocking(RunConfig(trace="rlvr-500", target="verl", n=4, python=python))
-    assert clean.violations == [] and _ray_processes() == []
+    assert clean.violations == [] and ray_processes({worker_pid(clean)}) == []
     assert not left & set(Path("/tmp").glob("rb-ray-*"))
-
-
-def _ray_processes() -> list[tuple[int, str]]:
-    leftovers = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
-        if "rb-ray-" in cmdline or "ray::" in cmdline:
-            leftovers.append((process.info["pid"], cmdline[:200]))
-    return leftovers

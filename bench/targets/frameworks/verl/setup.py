@@ -4,17 +4,13 @@
   bench's tokenizer is copied beside a tiny Qwen2 config written by transformers (never downloaded).
 - The config: verl's own `ppo_trainer` config composed with Hydra, with the few values a CPU run needs
   (the model folder, group size, prompt/response window, two agent-loop workers, two storage units).
-- Ray: `ray.init(num_cpus=8, include_dashboard=False)`, usage stats off, in the run's own process, never
-  in warm-up (a warm worker forks after warm-up; Ray does not survive a fork). TransferQueue reserves three CPUs for its
-  actors and `tq.init()` waits forever with fewer, hence 8 logical CPUs on a 2-core machine. The session
-  folder is short (Ray's socket paths are limited to 107 bytes) and removed after `ray.shutdown()`.
+- Ray (`local_ray`): 8 logical CPUs on a 2-core machine, since TransferQueue reserves three for its actors and
+  `tq.init()` waits forever with fewer.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -62,49 +58,3 @@ def trainer_config(model: Path, group_size: int, prompt_length: int, response_le
     with open_dict(config):
         config.actor_rollout_ref.model.override_config = {"attn_implementation": "eager"}
     return config
-
-
-SESSION_PREFIX = "rb-ray-"
-
-
-def ray_session_dir() -> Path:
-    """A fresh Ray session folder named after this process; folders of processes that died (a worker killed
-    for a hang never reaches its teardown; its Ray processes die with its process group) are removed."""
-    import psutil
-
-    for folder in Path("/tmp").glob(f"{SESSION_PREFIX}*"):
-        owner = folder.name[len(SESSION_PREFIX):].partition("-")[0]
-        if owner.isdigit() and not psutil.pid_exists(int(owner)):
-            shutil.rmtree(folder, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-", dir="/tmp"))
-
-
-def start_ray(session: Path, code_root: Path) -> None:
-    """A local Ray runtime whose workers import the bench (actors run the bench's subclasses) and nothing online."""
-    import ray
-
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # Ray would report usage online; nothing leaves 127.0.0.1
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(code_root), os.environ.get("PYTHONPATH", "")) if p),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
-    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, _temp_dir=str(session),
-             runtime_env={"env_vars": env}, configure_logging=False)
-
-
-def stop_ray(session: Path, grace_s: float = 15.0) -> None:
-    """`ray.shutdown()`, then wait for every process Ray started to be gone: shutdown returns while its
-    actor processes are still exiting. Stragglers after `grace_s` are killed; all of them are ours."""
-    import psutil
-    import ray
-
-    started = psutil.Process().children(recursive=True)  # raylet, GCS and, beneath them, actors and workers
-    try:
-        ray.shutdown()
-    finally:
-        _gone, alive = psutil.wait_procs(started, timeout=grace_s)
-        for process in alive:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
-        shutil.rmtree(session, ignore_errors=True)

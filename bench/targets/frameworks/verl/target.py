@@ -34,6 +34,7 @@ from typing import Any
 
 from bench.records.sample import ErrorInfo, SampleRecord
 from bench.targets.base import Emit, RolloutJob, TrajectorySpec
+from bench.targets.frameworks import local_ray
 
 VARIANTS = ("shipped", "patched")
 DISTRIBUTION = "verl"
@@ -103,8 +104,8 @@ class _Step:
         from . import setup
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        self.session = setup.ray_session_dir()
-        setup.start_ray(self.session, CODE_ROOT)
+        self.session = local_ray.session_dir()
+        local_ray.start(self.session, setup.RAY_CPUS, [CODE_ROOT])
         from . import common
         from .engine import BenchEngine
 
@@ -160,7 +161,7 @@ class _Step:
                 tq.close()
         finally:
             if self.session is not None:
-                setup.stop_ray(self.session)
+                local_ray.stop(self.session)
             if self.scratch is not None:
                 self.scratch.cleanup()
 
