@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check --quiet
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test targets slime-env traces tokenizer clean bench
+.PHONY: demo test targets slime-env open-instruct-env traces tokenizer clean bench
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollout-bench needs Python 3.11+"'
@@ -102,6 +102,20 @@ $(TARGETS_DIR)/slime/.built: $(FRAMEWORKS)/slime/env.txt $(FRAMEWORKS)/slime/env
 	$(TARGETS_DIR)/slime/bin/python $(TPIP) install torch==2.13.0
 	$(TARGETS_DIR)/slime/bin/python $(TPIP) install -r $(FRAMEWORKS)/slime/env.txt -c $(FRAMEWORKS)/slime/env.lock
 	$(TARGETS_DIR)/slime/bin/python -c 'import torch, transformers, ray; assert torch.version.cuda is None, "a CUDA torch got in"'
+	touch $@
+
+# open-instruct has no usable package either: its environment is optional (`make open-instruct-env`), its
+# source a checkout (--source DIR / ROLLOUT_BENCH_OPEN_INSTRUCT_PATH). openenv-core goes in without its
+# dependencies, which would pull gradio.
+open-instruct-env: $(TARGETS_DIR)/open-instruct/.built
+
+$(TARGETS_DIR)/open-instruct/.built: $(FRAMEWORKS)/open_instruct/env.txt $(FRAMEWORKS)/open_instruct/env.lock
+	rm -rf $(TARGETS_DIR)/open-instruct
+	$(PYTHON) -m venv $(TARGETS_DIR)/open-instruct
+	$(TARGETS_DIR)/open-instruct/bin/python $(TPIP) install torch==2.13.0
+	$(TARGETS_DIR)/open-instruct/bin/python $(TPIP) install -r $(FRAMEWORKS)/open_instruct/env.txt -c $(FRAMEWORKS)/open_instruct/env.lock
+	$(TARGETS_DIR)/open-instruct/bin/python $(TPIP) install --no-deps openenv-core==0.3.0
+	$(TARGETS_DIR)/open-instruct/bin/python -c 'import torch, ray, transformers; assert torch.version.cuda is None, "a CUDA torch got in"'
 	touch $@
 
 # Regenerate the shipped traces (a test checks they match these commands byte for byte).

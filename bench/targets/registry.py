@@ -27,6 +27,7 @@ REGISTRY: dict[str, str] = {
     "slime": "bench.targets.frameworks.slime.target:SlimeTarget",
     "areal": "bench.targets.frameworks.areal.target:ArealTarget",
     "verl": "bench.targets.frameworks.verl.target:VerlTarget",
+    "open-instruct": "bench.targets.frameworks.open_instruct.target:OpenInstructTarget",
 }
 DEFAULT_TARGET = "ref-gather:unfixed"
 

@@ -1,0 +1,116 @@
+"""The `open-instruct` target: open-instruct's real async GRPO data path (a checkout) against the bench server;
+seed 001 (allenai/open-instruct#1738) before and after the fix, and the drop-without-replenish configuration.
+
+open-instruct is not on PyPI: these tests run when `ROLLOUT_BENCH_OPEN_INSTRUCT_PATH` names one or more
+checkouts (separated by `:`) and its environment is built (`make open-instruct-env`, or
+`ROLLOUT_BENCH_OPEN_INSTRUCT_PYTHON`). Each checkout is judged by what it contains: one without
+`max_result_age_steps` (before #1738) must break staleness on seed 001's plan, one with it must pass with no
+violation of any kind. The options-and-errors tests need neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import RunConfig, RunResult, run
+from bench.targets import resolve_target
+from bench.targets.frameworks.checkout import CheckoutError
+from bench.targets.frameworks.envs import target_python
+from bench.targets.frameworks.open_instruct.target import MARKER, PATH_ENV
+from faults import resolve_plan
+from tests.ray_helpers import ray_processes, worker_pid
+
+CHECKOUTS = [Path(p) for p in os.environ.get(PATH_ENV, "").split(os.pathsep) if p]
+PYTHON = target_python("open-instruct")
+needs_open_instruct = pytest.mark.skipif(
+    not CHECKOUTS or PYTHON is None,
+    reason=f"no open-instruct checkout ({PATH_ENV}) or no environment to run it (make open-instruct-env)")
+N = 256  # 64 groups of 4: enough prompts in flight that a held answer does not starve the trainer
+OPTIONS = {"prompts_per_step": 4}  # async_steps 1: open-instruct's max_result_age_steps = the bench's bound 1
+
+
+def _has_1738(checkout: Path) -> bool:
+    return "max_result_age_steps" in (checkout / MARKER).read_text(encoding="utf-8")
+
+
+def _run(source: Path, variant: str = "shipped", *, watchdog_s: float = 120.0) -> RunResult:
+    config = RunConfig(trace="rlvr-500", plan=resolve_plan("seed-001"), target=f"open-instruct:{variant}", n=N,
+                       python=PYTHON, watchdog_s=watchdog_s, target_options={"source": str(source), **OPTIONS})
+    result = asyncio.run(run(config))
+    print(f"{source} {variant}: {Counter(r.outcome for r in result.records)}, "
+          f"violations {Counter(v.invariant for v in result.violations)}, hang {result.hang}")
+    return result
+
+
+def test_a_run_needs_a_checkout_and_known_options(tmp_path: Path) -> None:
+    target = resolve_target("open-instruct")
+    with pytest.raises(ValueError, match="--source DIR"):
+        target.warm_up({})
+    with pytest.raises(CheckoutError, match="no open_instruct/data_loader.py there"):
+        target.warm_up({"source": str(tmp_path)})
+    with pytest.raises(ValueError, match="unknown target option.*async_step.*valid: source, async_steps"):
+        target.warm_up({"source": str(tmp_path), "async_step": 2})
+    with pytest.raises(ValueError, match="prompts_per_step must be a whole number >= 1, not 0"):
+        target.warm_up({"source": str(tmp_path), "prompts_per_step": 0})
+    with pytest.raises(ValueError, match="variants shipped, no-replenish"):
+        resolve_target("open-instruct:patched")
+
+
+@needs_open_instruct
+@pytest.mark.parametrize("checkout", CHECKOUTS, ids=str)
+def test_seed_001_stale_results_are_trained_on_before_1738_and_dropped_after(checkout: Path) -> None:
+    result = _run(checkout)
+    assert result.framework is not None and result.framework["source"] == str(checkout.resolve())
+    stale_answers = [e for e in result.fault_events if e.fault == "stale_weight_version"]
+    assert stale_answers and all(e.change.startswith("held until weight_version") for e in stale_answers)
+    assert ray_processes({worker_pid(result)}) == []
+    outcomes = Counter(r.outcome for r in result.records)
+    if _has_1738(checkout):
+        assert result.violations == [] and result.hang is None and result.batch_error is None
+        dropped = [r for r in result.records if r.outcome == "dropped"]
+        assert dropped and all(r.status == "STALE" for r in dropped)  # the held answers' groups
+        assert outcomes["completed"] + outcomes["truncated"] + len(dropped) == N
+    else:
+        assert {v.invariant for v in result.violations} == {"staleness"}
+        assert all(v.evidence["lag"] >= 2 and v.evidence["bound"] == 1 for v in result.violations)
+        assert outcomes["dropped"] == 0
+
+
+def _without_the_guard(checkout: Path, into: Path) -> Path:
+    """#1738 as its first revision had it (the review asked for the guard): a stale result is dropped and a
+    prompt replenished only `if replenish_prompts`, and nothing refuses the combination."""
+    copy = into / "open-instruct-no-guard"
+    shutil.copytree(checkout / "open_instruct", copy / "open_instruct")
+    shutil.copy(checkout / "pyproject.toml", copy / "pyproject.toml")
+    path = copy / MARKER
+    code = path.read_text(encoding="utf-8")
+    code, guards = re.subn(r"\n    if max_result_age_steps is not None and not replenish_prompts:\n(?:        .*\n)+?"
+                           r"        raise ValueError\(.*\)\n", "\n", code)
+    code, conditions = re.subn(r"(\n            )assert iter_dataloader is not None and param_prompt_Q is not None\n"
+                               r"            add_prompt_to_generator\(",
+                               r"\1if replenish_prompts:\1    add_prompt_to_generator(", code)
+    assert (guards, conditions) == (1, 1), "this checkout's #1738 code is not shaped as expected"
+    path.write_text(code, encoding="utf-8")
+    return copy
+
+
+@needs_open_instruct
+def test_dropping_without_replenishing_is_refused_by_1738_and_a_hang_without_its_guard(tmp_path: Path) -> None:
+    fixed = [c for c in CHECKOUTS if _has_1738(c)]
+    if not fixed:
+        pytest.skip("no checkout with #1738 among " + ", ".join(map(str, CHECKOUTS)))
+    refused = _run(fixed[0], "no-replenish")
+    assert refused.batch_error is not None and refused.batch_error.type == "ValueError"
+    assert "requires replenish_prompts=True" in refused.batch_error.message
+    assert "data_loader.py" in refused.batch_error.traceback
+    drained = _run(_without_the_guard(fixed[0], tmp_path), "no-replenish", watchdog_s=20.0)
+    assert drained.hang is not None and "liveness" in {v.invariant for v in drained.violations}
+    assert any(r.outcome == "dropped" and r.status == "STALE" for r in drained.records)  # what drained it
