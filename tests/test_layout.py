@@ -231,12 +231,13 @@ def test_the_readme_layout_names_every_folder_of_the_package() -> None:
     listed = {name for name in named if name not in {"<name>/"}}
     tree = folders | {f"{path.name}/" for path in ROOT.iterdir() if path.is_dir()}
     assert listed - tree == set()  # and the layout names no folder that is not there
-    frameworks = {path.name for path in (PACKAGE / "targets" / "frameworks").iterdir() if path.is_dir()
-                  and not path.name.startswith("__")}
+    folders_of = {path.name.replace("_", "-"): path.name for path in (PACKAGE / "targets" / "frameworks").iterdir()
+                  if path.is_dir() and not path.name.startswith("__")}  # a module's `_` is a target name's `-`
+    frameworks = set(folders_of)
     assert frameworks == {name for name in REGISTRY if not name.startswith("ref-")}  # each a built-in target
     assert all(f"`{name}`" in readme for name in frameworks)  # and documented
     for name in frameworks:
-        folder = PACKAGE / "targets" / "frameworks" / name
+        folder = PACKAGE / "targets" / "frameworks" / folders_of[name]
         assert {"__init__.py", "target.py", "env.txt", "env.lock"} <= {path.name for path in folder.iterdir()}
 
 
