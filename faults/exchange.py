@@ -37,6 +37,7 @@ class Transport:
     cut_after_chunks: int | None = None  # stream: events sent before the stream ends
     done_after_cut: bool = False  # stream: a cut stream still ends with `data: [DONE]`
     until_version: int | None = None  # hold the answer until the server's weight version is this (`delay` at most)
+    until_idle_s: float | None = None  # ... or until nothing else has generated for this long
 
 
 @dataclass

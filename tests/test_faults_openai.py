@@ -630,7 +630,7 @@ def test_stale_weight_version_on_vllm_holds_the_answer_for_a_newer_policy() -> N
         _set_version(server, "3")
         trajectory = fresh()
         with fires(server, "stale_weight_version", trajectory, endpoint=COMPLETIONS):
-            answer = pool.submit(complete, server, trajectory, "stale_weight_version:behind=2")
+            answer = pool.submit(complete, server, trajectory, "stale_weight_version:behind=2,idle_s=60")
             time.sleep(0.5)
             _set_version(server, "4")
             time.sleep(0.5)
@@ -639,16 +639,22 @@ def test_stale_weight_version_on_vllm_holds_the_answer_for_a_newer_policy() -> N
             resp = answer.result(timeout=10)
         assert resp.choices[0].token_ids and "metadata" not in resp.model_extra
         event = server.context.faults.log.events[-1]
-        assert event.change == "held until weight_version 5 (arrived at 3; 30 s at most)"
+        assert event.change == ("held until weight_version 5 (arrived at 3; 30 s at most, or until nothing else "
+                                "generated for 60 s)")
 
 
-def test_stale_weight_version_on_vllm_lets_go_after_hold_s() -> None:
-    """A trainer that waits for this very answer never publishes the newer policy: the hold ends anyway."""
+@pytest.mark.parametrize("limits", ["hold_s=0.2,idle_s=60", "hold_s=60,idle_s=0.2"])
+def test_stale_weight_version_on_vllm_lets_go_when_the_client_cannot_move_on(limits: str) -> None:
+    """A trainer that waits for this very answer never publishes the newer policy: the hold ends anyway, once
+    nothing else is generating (`idle_s`) or at `hold_s`, whichever comes first (the client gives up at 10 s)."""
     with ServerThread("rlvr-500") as server:
         _set_version(server, "0")
         trajectory = fresh()
         with fires(server, "stale_weight_version", trajectory, endpoint=COMPLETIONS):
-            resp = complete(server, trajectory, "stale_weight_version:behind=1,hold_s=0.2")
+            resp = client(server.url, 10).completions.create(
+                model="mock-model", prompt=trajectory.prompt.ids, logprobs=1, max_tokens=LIMIT,
+                extra_body={"return_token_ids": True},
+                extra_headers=headers(trajectory, f"stale_weight_version:behind=1,{limits}"))
         assert resp.choices[0].token_ids
         assert server.context.state.weight_version == "0"
 

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+_IDLE_POLL_S = 0.1  # how often a hold looks at whether anything else is still generating
+
 
 @dataclass
 class InFlight:
@@ -26,6 +28,7 @@ class ServerState:
     def __init__(self, weight_version: str = "default") -> None:
         self._weight_version = weight_version
         self._version_changed = asyncio.Event()  # set, and replaced, on every change
+        self.last_generation = time.monotonic()  # when a generation last started or ended
         self.running = asyncio.Event()
         self.running.set()
         self.pause_mode: str | None = None
@@ -43,18 +46,26 @@ class ServerState:
         changed, self._version_changed = self._version_changed, asyncio.Event()
         changed.set()
 
-    async def wait_for_version(self, at_least: int, timeout: float) -> bool:
-        """Wait until the weight version is a number >= `at_least`; False if `timeout` seconds pass first."""
+    def idle_for(self) -> float:
+        """Seconds nothing has been generating (0 while something is)."""
+        return 0.0 if self.inflight else time.monotonic() - self.last_generation
+
+    async def wait_for_version(self, at_least: int, timeout: float, idle_s: float | None = None) -> str:
+        """Wait until the weight version is a number >= `at_least`: "reached"; "timeout" if `timeout` seconds
+        pass first; "idle" once nothing has generated for `idle_s` (a client whose next version waits on the
+        held answers themselves will never publish it)."""
         deadline = time.monotonic() + timeout
         while not (self._weight_version.isdigit() and int(self._weight_version) >= at_least):
             left = deadline - time.monotonic()
             if left <= 0:
-                return False
+                return "timeout"
+            if idle_s is not None and self.idle_for() >= idle_s:
+                return "idle"
             try:
-                await asyncio.wait_for(self._version_changed.wait(), left)
+                await asyncio.wait_for(self._version_changed.wait(), min(left, _IDLE_POLL_S))
             except asyncio.TimeoutError:
-                return False
-        return True
+                pass
+        return "reached"
 
     @property
     def paused(self) -> bool:
@@ -66,10 +77,12 @@ class ServerState:
     def register(self, rid: str, identity: Any = None) -> InFlight:
         entry = InFlight(rid, identity)
         self.inflight[rid] = entry
+        self.last_generation = time.monotonic()
         return entry
 
     def release(self, rid: str) -> None:
         self.inflight.pop(rid, None)
+        self.last_generation = time.monotonic()
 
     def abort(self, rid_prefix: str | None = None, *, abort_all: bool = False) -> int:
         """Abort in-flight requests whose rid starts with `rid_prefix` (or all); returns how many."""

@@ -61,8 +61,10 @@ async def send_body(request: web.Request, body: bytes, exchange: Exchange | None
 
 async def wait_before_answer(exchange: Exchange, state: ServerState) -> None:
     """Latency and stall faults: nothing is sent meanwhile (a stalled client gives up first). A hold for a newer
-    policy (`until_version`) ends when the server's weight version gets there, or after `delay` at the latest."""
-    if exchange.transport.until_version is not None:
-        await state.wait_for_version(exchange.transport.until_version, exchange.transport.delay)
+    policy (`until_version`) ends when the server's weight version gets there, when nothing else has generated
+    for `until_idle_s`, or after `delay` at the latest."""
+    carrier = exchange.transport
+    if carrier.until_version is not None:
+        await state.wait_for_version(carrier.until_version, carrier.delay, carrier.until_idle_s)
     elif exchange.transport.delay > 0:
         await asyncio.sleep(exchange.transport.delay)
