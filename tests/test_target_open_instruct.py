@@ -14,9 +14,10 @@ import asyncio
 import os
 import re
 import shutil
+import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Iterator
 
 import pytest
 
@@ -62,6 +63,26 @@ def test_a_run_needs_a_checkout_and_known_options(tmp_path: Path) -> None:
         target.warm_up({"source": str(tmp_path), "prompts_per_step": 0})
     with pytest.raises(ValueError, match="variants shipped, no-replenish"):
         resolve_target("open-instruct:patched")
+
+
+@pytest.fixture
+def import_state() -> Iterator[None]:
+    """A warm-up changes the import system (the checkout on sys.path, the placeholder finder): undone after."""
+    path, finders, modules = list(sys.path), list(sys.meta_path), set(sys.modules)
+    yield
+    sys.path[:], sys.meta_path[:] = path, finders
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
+def test_an_interpreter_without_open_instructs_imports_is_told_which_environment_to_build(
+        tmp_path: Path, import_state: None) -> None:
+    """The bench's own environment has no torch: the error names the missing module and `make open-instruct-env`."""
+    (tmp_path / "open_instruct").mkdir()
+    (tmp_path / "open_instruct" / "__init__.py").write_text("")
+    (tmp_path / MARKER).write_text("import torch\n")
+    with pytest.raises(ModuleNotFoundError, match="imports 'torch'.*make open-instruct-env"):
+        resolve_target("open-instruct").warm_up({"source": str(tmp_path)})
 
 
 @needs_open_instruct

@@ -79,7 +79,12 @@ class OpenInstructTarget:
         from . import stubs
 
         stubs.install()
-        from open_instruct import data_loader, vllm_utils  # noqa: F401  (the slow imports, before any fork)
+        try:
+            from open_instruct import data_loader, vllm_utils  # noqa: F401  (the slow imports, before any fork)
+        except ModuleNotFoundError as missing:
+            raise ModuleNotFoundError(f"open-instruct at {checkout.path} imports {missing.name!r}, which this "
+                                      f"interpreter ({sys.executable}) lacks: build its environment with "
+                                      "`make open-instruct-env`, or name one with --python") from missing
 
     def framework_info(self) -> dict[str, str]:
         return self.checkout.info() if self.checkout else {"framework": "open-instruct"}
