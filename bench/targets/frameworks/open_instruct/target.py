@@ -85,6 +85,9 @@ class OpenInstructTarget:
             raise ModuleNotFoundError(f"open-instruct at {checkout.path} imports {missing.name!r}, which this "
                                       f"interpreter ({sys.executable}) lacks: build its environment with "
                                       "`make open-instruct-env`, or name one with --python") from missing
+        if self.variant == "no-replenish" and not _has_age_limit(data_loader):
+            raise ValueError(f"open-instruct at {checkout.path} has no max_result_age_steps (it came with #1738): "
+                             "the no-replenish variant drops stale results, which this code never does")
 
     def framework_info(self) -> dict[str, str]:
         return self.checkout.info() if self.checkout else {"framework": "open-instruct"}
@@ -130,11 +133,7 @@ class OpenInstructTarget:
         tokenizer = AutoTokenizer.from_pretrained(str(job.tokenizer_path))
         prompts, results, evals = self.queues
         engine = Engine(job, groups, dataset, tokenizer, prompts, results, evals)
-        has_age = "max_result_age_steps" in inspect.signature(data_loader.accumulate_inference_batches).parameters
-        age_limit = has_age if self.variant == "shipped" else True
-        if not has_age and self.variant == "no-replenish":
-            raise ValueError(f"open-instruct {self.checkout.commit if self.checkout else ''}: this checkout has no "
-                             "max_result_age_steps (it came with #1738): the no-replenish variant needs it")
+        age_limit = _has_age_limit(data_loader)  # `no-replenish` needs it: checked in warm-up
         trainer = Trainer(job, groups, dataset, tokenizer, engine, prompts, results, age_limit=age_limit,
                           replenish=self.variant == "shipped", work_dir=self.scratch.name, emit=emit)
         engine.start()
@@ -149,6 +148,11 @@ class OpenInstructTarget:
             local_ray.stop(self.session)
         finally:
             self.scratch.cleanup()
+
+
+def _has_age_limit(data_loader: Any) -> bool:
+    """Whether this open-instruct can drop stale results (#1738's `max_result_age_steps`)."""
+    return "max_result_age_steps" in inspect.signature(data_loader.accumulate_inference_batches).parameters
 
 
 def _dataset(groups: list[list[Any]]) -> Any:
