@@ -17,7 +17,7 @@ import os
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -44,9 +44,10 @@ def _has_1738(checkout: Path) -> bool:
     return "max_result_age_steps" in (checkout / MARKER).read_text(encoding="utf-8")
 
 
-def _run(source: Path, variant: str = "shipped") -> RunResult:
+def _run(source: Path, variant: str = "shipped", **options: Any) -> RunResult:
     config = RunConfig(trace="rlvr-500", plan=resolve_plan("seed-001"), target=f"open-instruct:{variant}", n=N,
-                       python=PYTHON, watchdog_s=120.0, target_options={"source": str(source), **OPTIONS})
+                       python=PYTHON, watchdog_s=120.0,
+                       target_options={"source": str(source), **OPTIONS, **options})
     result = asyncio.run(run(config))
     print(f"{source} {variant}: {Counter(r.outcome for r in result.records)}, "
           f"violations {Counter(v.invariant for v in result.violations)}, hang {result.hang}")
@@ -106,6 +107,18 @@ def test_seed_001_stale_results_are_trained_on_before_1738_and_dropped_after(che
         assert {v.invariant for v in result.violations} == {"staleness"}
         assert all(v.evidence["lag"] >= 2 and v.evidence["bound"] == 1 for v in result.violations)
         assert outcomes["dropped"] == 0
+
+
+@needs_open_instruct
+def test_two_async_steps_are_open_instructs_declared_tolerance_not_a_finding() -> None:
+    """With `async_steps=2` open-instruct trains on results two policies behind by design: the adapter declares
+    it and the run's staleness bound is 2 (a new user's false alarm on fixed code, with the bench's bound 1)."""
+    fixed = [c for c in CHECKOUTS if _has_1738(c)]
+    if not fixed:
+        pytest.skip("no checkout with #1738 among " + ", ".join(map(str, CHECKOUTS)))
+    result = _run(fixed[0], async_steps=2)
+    assert result.config.bounds.max_weight_lag == 2 and result.framework["max_weight_lag"] == "2"
+    assert result.violations == [] and any(r.outcome == "dropped" for r in result.records)
 
 
 @needs_open_instruct

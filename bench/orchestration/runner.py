@@ -15,12 +15,13 @@ import io
 import threading
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from bench.invariants import Bounds, HangReport, RunView, Violation, check_all, provenance
 from bench.invariants.fault_reach import with_reach
 from bench.isolation import IsolatedTarget, TargetCrashed, TargetStartError
+from bench.progress import progress_bar
 from bench.records import attribution
 from bench.records.request_log import RequestRecord
 from bench.records.sample import ErrorInfo, SampleRecord
@@ -34,7 +35,6 @@ from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import FaultEvent, Plan
 
 from .known import KnownViolation, resolve_known, split
-from bench.progress import progress_bar
 
 DEFAULT_PLAN = "seed-000"
 ISOLATIONS = ("process", "inline")
@@ -309,6 +309,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         events = with_reach(list(server.context.faults.log.events), requests, ordered, batch_error,
                             server.context.faults.consumed, server.context.tokenizer)
         tokenizer = server.context.tokenizer
+        framework = framework_info_of(target)
+        config = replace(config, bounds=declared_bounds(config.bounds, framework))
         view = RunView(ordered, requests, events, plan,
                        {s.id: s.group for s in specs}, store.header.context_length, target.fail_fast,
                        batch_error, hang, duration, config.bounds, emitted, server.context.served,
@@ -321,7 +323,17 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          isolated.returned_at if isolated else returned_at,
                          recorded_outcomes={t.id: t.recorded_outcome for t in chosen}, served=view.served,
                          provenance={t: a.label for t, a in provenance.assess(view).items()},
-                         tokens_source=view.tokens_source, framework=framework_info_of(target))
+                         tokens_source=view.tokens_source, framework=framework)
+
+
+def declared_bounds(bounds: Bounds, framework: dict[str, str] | None) -> Bounds:
+    """The run's bounds, widened to the staleness a framework declares it accepts by configuration
+    (`max_weight_lag` in its `framework_info()`, e.g. open-instruct's `async_steps`): training on what the
+    framework was configured to allow is not a finding. A stricter declaration never narrows the run's bound."""
+    declared = (framework or {}).get("max_weight_lag", "")
+    if declared.isdigit() and int(declared) > bounds.max_weight_lag:
+        return replace(bounds, max_weight_lag=int(declared))
+    return bounds
 
 
 def _stall_cause(hang: HangReport) -> ErrorInfo:

@@ -8,7 +8,7 @@ A sample is emitted when its batch is trained on, carrying the `model_step` open
 request, or as `dropped` when open-instruct threw its result away for being too stale.
 
 Options (`--target-option`): `async_steps` (1; how many steps generation may run ahead, and open-instruct's
-`max_result_age_steps`: give the bench the same bound with `--max-weight-lag`), `prompts_per_step` (2).
+`max_result_age_steps`, which the adapter declares as its `max_weight_lag`), `prompts_per_step` (2).
 
 Variants:
 - `shipped` (default): as the checkout's `DataPreparationActor` calls it: replenishing, and with
@@ -73,6 +73,7 @@ class OpenInstructTarget:
         if self.checkout is not None and self.checkout.path != checkout.path:
             raise ValueError(f"open-instruct: this worker imported {self.checkout.path}, not {checkout.path}")
         self.checkout = checkout
+        self.async_steps = int(options.get("async_steps", 1))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if str(checkout.path) not in sys.path:
             sys.path.insert(0, str(checkout.path))
@@ -90,7 +91,10 @@ class OpenInstructTarget:
                              "the no-replenish variant drops stale results, which this code never does")
 
     def framework_info(self) -> dict[str, str]:
-        return self.checkout.info() if self.checkout else {"framework": "open-instruct"}
+        """The checkout and its commit, and the staleness open-instruct is configured to accept: results up to
+        `async_steps` policies behind (its `max_result_age_steps`); the bench's bound widens to it."""
+        info = self.checkout.info() if self.checkout else {"framework": "open-instruct"}
+        return info | {"max_weight_lag": str(getattr(self, "async_steps", 1))}
 
     def prepare(self, job: RolloutJob) -> None:
         """Ray and its three queue actors up; each actor has imported open-instruct (its first `put` unpickles
