@@ -50,7 +50,8 @@ def _run(source: Path, variant: str = "shipped", **options: Any) -> RunResult:
                        target_options={"source": str(source), **OPTIONS, **options})
     result = asyncio.run(run(config))
     print(f"{source} {variant}: {Counter(r.outcome for r in result.records)}, "
-          f"violations {Counter(v.invariant for v in result.violations)}, hang {result.hang}")
+          f"violations {Counter(v.invariant for v in result.violations)}, hang {result.hang}, "
+          f"batch error {result.batch_error}")
     return result
 
 
