@@ -47,7 +47,7 @@ def read_checkout(framework: str, folder: str | os.PathLike[str], marker: str) -
     if not path.is_dir():
         raise CheckoutError(f"{framework} source {str(folder)!r}: no such folder")
     if not (path / marker).is_file():
-        raise CheckoutError(f"{framework} source {str(folder)!r}: no {marker} there (a {framework} checkout?)")
+        raise CheckoutError(f"{framework} source {str(folder)!r}: no {marker} there (is it a {framework} checkout?)")
     found = _git(path, "rev-parse", "--show-toplevel", "HEAD^{commit}")  # fails without git or a commit
     top, _, commit = (found or "").partition("\n")
     if not commit or top != str(path):  # no repository, or the folder is only inside one
