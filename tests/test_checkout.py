@@ -58,7 +58,7 @@ def test_a_copy_without_git_runs_with_its_commit_unknown_even_inside_another_rep
 def test_a_wrong_checkout_is_refused_naming_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(CheckoutError, match="no such folder"):
         read_checkout("slime", tmp_path / "nowhere", MARKER)
-    with pytest.raises(CheckoutError, match=r"no slime/rollout/sglang_rollout\.py there \(a slime checkout\?\)"):
+    with pytest.raises(CheckoutError, match=r"no slime/rollout/sglang_rollout\.py there \(is it a slime checkout\?\)"):
         read_checkout("slime", tmp_path, MARKER)
 
 
