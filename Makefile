@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check --quiet
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test targets slime-env open-instruct-env traces tokenizer clean bench
+.PHONY: demo test targets slime-env open-instruct-env prime-rl-env traces tokenizer clean bench
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollout-bench needs Python 3.11+"'
@@ -116,6 +116,18 @@ $(TARGETS_DIR)/open-instruct/.built: $(FRAMEWORKS)/open_instruct/env.txt $(FRAME
 	$(TARGETS_DIR)/open-instruct/bin/python $(TPIP) install -r $(FRAMEWORKS)/open_instruct/env.txt -c $(FRAMEWORKS)/open_instruct/env.lock
 	$(TARGETS_DIR)/open-instruct/bin/python $(TPIP) install --no-deps openenv-core==0.3.0
 	$(TARGETS_DIR)/open-instruct/bin/python -c 'import torch, ray, transformers; assert torch.version.cuda is None, "a CUDA torch got in"'
+	touch $@
+
+# prime-rl has no package that installs on CPU (vLLM, CUDA, Python 3.12): its environment is optional
+# (`make prime-rl-env`), its source a checkout (--source DIR / ROLLOUT_BENCH_PRIME_RL_PATH). No torch: the adapter
+# puts placeholders in place of prime-rl's GPU imports (`stubs.py`).
+prime-rl-env: $(TARGETS_DIR)/prime-rl/.built
+
+$(TARGETS_DIR)/prime-rl/.built: $(FRAMEWORKS)/prime_rl/env.txt $(FRAMEWORKS)/prime_rl/env.lock
+	rm -rf $(TARGETS_DIR)/prime-rl
+	$(PYTHON) -m venv $(TARGETS_DIR)/prime-rl
+	$(TARGETS_DIR)/prime-rl/bin/python $(TPIP) install -r $(FRAMEWORKS)/prime_rl/env.txt -c $(FRAMEWORKS)/prime_rl/env.lock
+	$(TARGETS_DIR)/prime-rl/bin/python -c 'import verifiers, openai, pydantic_config, loguru; assert openai.__version__ == "2.36.0"'
 	touch $@
 
 # Regenerate the shipped traces (a test checks they match these commands byte for byte).

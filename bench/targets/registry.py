@@ -28,6 +28,7 @@ REGISTRY: dict[str, str] = {
     "areal": "bench.targets.frameworks.areal.target:ArealTarget",
     "verl": "bench.targets.frameworks.verl.target:VerlTarget",
     "open-instruct": "bench.targets.frameworks.open_instruct.target:OpenInstructTarget",
+    "prime-rl": "bench.targets.frameworks.prime_rl.target:PrimeRlTarget",
 }
 DEFAULT_TARGET = "ref-gather:unfixed"
 

@@ -19,6 +19,7 @@ TARGET_ENVS: dict[str, tuple[str, ...]] = {
     "areal": ("areal",),
     "verl": ("verl", "verl-0.9"),  # 0.8.0, else 0.9.1
     "open-instruct": ("open-instruct",),  # optional: `make open-instruct-env`
+    "prime-rl": ("prime-rl",),  # optional: `make prime-rl-env`
 }
 
 

@@ -1,0 +1,302 @@
+"""`prime-rl`: prime-rl's orchestrator `Scheduler` from a source checkout, over a real verifiers env server.
+
+One run is one `generate_batch` of prime-rl's real `Scheduler` (`src/prime_rl/orchestrator/scheduler.py`) with
+the batch size of the job: its real `TrainEnvs` spawns verifiers' ZMQ env server (and its worker processes), which
+import the bench's environment by id (`environment`: one single-turn task per group, scored as a group); its
+real `StaticInferencePool` builds the `vf.ClientConfig`s of type `openai_chat_completions` at the bench's `/v1`;
+its real `Buffer` keeps its pools, with the example draw replaced (`buffer`: each group once, a dropped group
+replayed). `max_async_level` is huge, so no weight update is ever waited for. The rollouts the batch returns are
+emitted as completed or truncated samples (verifiers' `RolloutOutput` through the verifiers target's `records`);
+a group the batch never returned is reported failed with the errors its last attempt ended with.
+
+When `generate_batch` raises (prime-rl#2579 fails the batch on a rollout error verifiers did not mark retryable)
+the dropped group is reported failed and the raise is the run's batch error; the rest is lost, as the
+orchestrator exits there. The adapter declares `fail_fast` when the checkout's scheduler has that policy.
+
+Options (`--target-option`):
+- `source` (`--source DIR`, or `ROLLOUT_BENCH_PRIME_RL_PATH`): the prime-rl checkout; its `src` and
+  `packages/prime-rl-configs/src` go on the import path. Checkouts whose scheduler was replaced (mid 2026 and
+  later) are refused by name.
+- `verifiers_source`: a verifiers checkout (e.g. verifiers#1427) imported instead of the installed verifiers
+  0.1.14, in the orchestrator and in the env server it spawns.
+- `max_retries` (1): the OpenAI SDK's retries of each model call. prime-rl builds its clients with 10, whose
+  backoff (0.5 s doubling to 8 s) outlasts seed-003's 10-second outage, so the scheduler would never see it; with
+  1 the SDK still retries a 429 and the outage reaches the scheduler after one retry. `max_retries=10` is prime-rl's.
+- `max_error_reschedule_attempts`: prime-rl's own (its default, 3, when not given; checkouts without it refuse it).
+- `max_redraws` (8): times one dropped group is replayed before the bench gives it up (see `buffer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.records.attribution import TRAJECTORY_HEADER
+from bench.records.sample import SampleRecord
+from bench.targets.base import Emit, RolloutJob, TrajectorySpec
+from bench.targets.frameworks.verifiers.records import record_of
+from bench.targets.frameworks.verifiers.target import TraceFacts, _trace_path
+
+from ..checkout import Checkout, CheckoutError, named_source, read_checkout
+from . import environment
+from .environment import GROUP_KEY, MEMBERS_KEY, STATE_KEY, info_of
+
+OPTIONS = ("source", "verifiers_source", "max_retries", "max_error_reschedule_attempts", "max_redraws",
+           "trace")  # `trace`: the runner's, for every target
+PATH_ENV = "ROLLOUT_BENCH_PRIME_RL_PATH"
+MARKER = "packages/prime-rl-configs/src/prime_rl/configs/orchestrator.py"
+SCHEDULER = "src/prime_rl/orchestrator/scheduler.py"
+VERIFIERS_MARKER = "verifiers/__init__.py"
+MAX_RETRIES = 1
+MAX_REDRAWS = 8
+ENV_NAME = "bench"
+API_KEY_VAR = "ROLLOUT_BENCH_API_KEY"  # unset: the SDK sends "EMPTY"
+
+
+class PrimeRlTarget:
+    fail_fast = False  # set from the checkout in `warm_up`
+
+    def __init__(self, variant: str = "") -> None:
+        if variant:
+            raise ValueError(f"prime-rl has no variants (the checkout is the code judged), not {variant!r}")
+        self.name = "prime-rl"
+        self.checkout: Checkout | None = None
+        self.verifiers_checkout: Checkout | None = None
+
+    def warm_up(self, options: dict[str, Any]) -> None:
+        """Both checkouts onto the import path, the placeholders in, prime-rl's orchestrator modules imported."""
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"prime-rl: unknown target option(s) {', '.join(unknown)}; "
+                             f"valid: {', '.join(OPTIONS[:-1])}")
+        for key in ("max_retries", "max_error_reschedule_attempts", "max_redraws"):
+            low = 0 if key != "max_error_reschedule_attempts" else 1
+            if key in options and not (isinstance(options[key], int) and options[key] >= low):
+                raise ValueError(f"prime-rl: target option {key} must be a whole number >= {low}, "
+                                 f"not {options[key]!r}")
+        named = named_source(options, PATH_ENV)
+        if named is None:
+            raise ValueError(f"prime-rl runs from a source checkout: give --source DIR (or set {PATH_ENV})")
+        checkout = read_checkout("prime-rl", named, MARKER)
+        if not (checkout.path / SCHEDULER).is_file():
+            raise CheckoutError(f"prime-rl source {named!r} has no {SCHEDULER}: its orchestrator no longer has the "
+                                "Scheduler this adapter drives (replaced after May 2026); use a checkout that has it")
+        if self.checkout is not None and self.checkout.path != checkout.path:
+            raise ValueError(f"prime-rl: this worker imported {self.checkout.path}, not {checkout.path}")
+        self.checkout = checkout
+        paths = [checkout.path / "src", checkout.path / "packages" / "prime-rl-configs" / "src"]
+        if options.get("verifiers_source"):
+            self.verifiers_checkout = read_checkout("verifiers", str(options["verifiers_source"]), VERIFIERS_MARKER)
+            paths.insert(0, self.verifiers_checkout.path)
+        for path in reversed(paths):  # the env server and its workers are spawned: they get this sys.path
+            if str(path) not in sys.path:
+                sys.path.insert(0, str(path))
+        _refuse_unusable_verifiers(self.verifiers_checkout)
+        from . import stubs
+
+        stubs.install()
+        try:
+            from prime_rl.orchestrator import buffer, envs, scheduler  # noqa: F401
+            from prime_rl.utils import client  # noqa: F401
+        except ModuleNotFoundError as missing:
+            raise ModuleNotFoundError(f"prime-rl at {checkout.path} imports {missing.name!r}, which this "
+                                      f"interpreter ({sys.executable}) lacks: build its environment with "
+                                      "`make prime-rl-env`, or name one with --python") from missing
+        self.fail_fast = hasattr(scheduler, "is_reschedulable_rollout_error")  # prime-rl#2579's explicit policy
+        self.max_retries = int(options.get("max_retries", MAX_RETRIES))
+        self.options = dict(options)
+
+    def framework_info(self) -> dict[str, str]:
+        """The checkout and its commit, the verifiers it ran with (installed or a checkout), and the SDK's retries."""
+        info = self.checkout.info() if self.checkout else {"framework": "prime-rl"}
+        if self.verifiers_checkout is not None:
+            info["verifiers"] = f"{self.verifiers_checkout.commit} ({self.verifiers_checkout.path})"
+        else:
+            info["verifiers"] = importlib.metadata.version("verifiers")
+        info["openai"] = importlib.metadata.version("openai")
+        info["client_max_retries"] = str(getattr(self, "max_retries", MAX_RETRIES))
+        return info
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        """On the worker's main loop: verifiers installs signal handlers when an environment is built, which only
+        the main thread may do, so prime-rl's env start-up (seconds: two processes import verifiers) is part of
+        the run. It sends nothing, so no fault window starts before the scheduler's first request."""
+        if self.checkout is None:
+            self.warm_up(job.options)
+        with tempfile.TemporaryDirectory(prefix="rollout-bench-prime-rl-") as scratch:
+            batch = await _Batch.start(job, Path(scratch), self.options)
+            try:
+                await batch.generate(emit)
+            finally:
+                await batch.stop()
+
+
+def _refuse_unusable_verifiers(checkout: Checkout | None) -> None:
+    """prime-rl at these commits needs verifiers' v0 API (`vf.ClientConfig`, `verifiers.serve`): refuse a
+    verifiers without it (0.4 and later ship only `verifiers.v1`), naming what is missing."""
+    import verifiers as vf
+
+    where = f"the verifiers checkout at {checkout.path}" if checkout else \
+        f"verifiers {importlib.metadata.version('verifiers')} ({Path(vf.__file__).parent})"
+    missing = [name for name in ("ClientConfig", "RolloutInput", "RolloutOutput", "SingleTurnEnv", "load_environment")
+               if not hasattr(vf, name)]
+    try:
+        import verifiers.serve  # noqa: F401
+    except ImportError:
+        missing.append("verifiers.serve (ZMQEnvClient, ZMQEnvServer)")
+    if missing:
+        raise ValueError(f"prime-rl's orchestrator uses verifiers' v0 API, which {where} lacks: "
+                         f"{', '.join(missing)}; prime-rl at these commits pins verifiers 58b119fa1 (0.1.14 on the "
+                         "error path): install that, or give a checkout with --target-option verifiers_source=DIR")
+
+
+class _Batch:
+    """One `generate_batch` and everything it needs, built and run on prime-rl's loop."""
+
+    def __init__(self, job: RolloutJob, groups: dict[str, list[TrajectorySpec]], train_envs: Any, buffer: Any,
+                 scheduler: Any) -> None:
+        self.job, self.groups, self.train_envs, self.buffer, self.scheduler = job, groups, train_envs, buffer, scheduler
+        self.by_example = {index: members for index, members in enumerate(groups.values())}
+        self.last: dict[str, dict[str, Any]] = {}  # trajectory -> the output of its latest attempt
+        self.attempts: dict[str, int] = {}  # group -> group rollouts that came back
+        env = train_envs.get(ENV_NAME).env
+        env.observe = self._observe
+
+    @classmethod
+    async def start(cls, job: RolloutJob, scratch: Path, options: dict[str, Any]) -> "_Batch":
+        from prime_rl.configs.orchestrator import OrchestratorConfig
+        from prime_rl.configs.shared import ClientConfig
+        from prime_rl.orchestrator.buffer import Buffer
+        from prime_rl.orchestrator.envs import TrainEnvs
+        from prime_rl.orchestrator.scheduler import Scheduler
+        from prime_rl.utils.client import StaticInferencePool
+
+        from .buffer import bench_buffer_class
+
+        groups = job.groups()
+        sizes = {len(members) for members in groups.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"prime-rl runs groups of one size (rollouts_per_example); this job has sizes "
+                             f"{sorted(sizes)}: select whole groups")
+        size = sizes.pop()
+        facts = TraceFacts.load(_trace_path(job, "single_turn"), job.trajectories)
+        rows_path = scratch / "rows.json"
+        environment.write_rows(rows_path, _rows(groups, facts))
+        config = OrchestratorConfig(**_config_fields(job, size, rows_path, scratch, options))
+        pool = StaticInferencePool(
+            ClientConfig(base_url=[job.base_url + "/v1"], api_key_var=API_KEY_VAR,
+                         extra_headers_from_state={TRAJECTORY_HEADER: STATE_KEY}),
+            model_name=config.student.model.name, train_client_type="openai_chat_completions")
+        for client in pool.train_clients:  # prime-rl hard-codes 10 (see the module docstring)
+            client.max_retries = int(options.get("max_retries", MAX_RETRIES))
+        train_envs = TrainEnvs(config.train.env)
+        await train_envs.start(log_dir=scratch / "envs", log_level="INFO")
+        buffer = bench_buffer_class(Buffer)(train_envs, config.buffer, order=list(range(len(groups))),
+                                            max_redraws=int(options.get("max_redraws", MAX_REDRAWS)))
+        scheduler = Scheduler(
+            train_envs=train_envs, student_inference=pool, teacher_inference=None, buffer=buffer, config=config,
+            max_inflight_rollouts=config.max_inflight_rollouts, max_async_level=config.max_async_level,
+            max_off_policy_steps=config.max_off_policy_steps, strict_async_level=config.strict_async_level,
+            tasks_per_minute=config.tasks_per_minute, lora_name=None)
+        buffer.scheduler = scheduler
+        return cls(job, groups, train_envs, buffer, scheduler)
+
+    def _observe(self, info: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
+        self.attempts[info[GROUP_KEY]] = self.attempts.get(info[GROUP_KEY], 0) + 1
+        for output in outputs:
+            self.last[info_of(output)[STATE_KEY]] = output
+
+    async def generate(self, emit: Emit) -> None:
+        batch = asyncio.ensure_future(self.scheduler.generate_batch(step=0))
+        exhausted = asyncio.ensure_future(self.buffer.exhausted.wait())
+        try:
+            await asyncio.wait({batch, exhausted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exhausted.cancel()
+        if not batch.done():  # every group finished or given up, and the batch cannot fill: the bench ends it
+            batch.cancel()
+            await asyncio.gather(batch, return_exceptions=True)
+            for eid in sorted(self.buffer.finished):
+                self._emit_group(eid, emit, reason="finished; the batch was ended when nothing was left to run")
+            for eid in self.buffer.given_up:
+                self._emit_group(eid, emit, reason=f"given up after {self.buffer.max_redraws} replays")
+            return
+        error = batch.exception()
+        if error is not None:
+            for eid in self.buffer.dropped():  # the group the scheduler dropped before raising
+                self._emit_group(eid, emit, reason="dropped by the scheduler, which then raised")
+            raise error
+        returned = batch.result()
+        for output in returned:
+            self._emit(output, emit, reason="in the batch generate_batch returned")
+        for eid in self.buffer.given_up:
+            self._emit_group(eid, emit, reason=f"given up after {self.buffer.max_redraws} replays")
+
+    def _emit_group(self, eid: int, emit: Emit, *, reason: str) -> None:
+        for spec in self.by_example[eid]:
+            output = self.last.get(spec.id)
+            if output is not None:
+                self._emit(output, emit, reason=reason)
+
+    def _emit(self, output: dict[str, Any], emit: Emit, *, reason: str) -> None:
+        spec = self._spec(info_of(output)[STATE_KEY])
+        emit(self.record(output, spec, reason))
+
+    def _spec(self, trajectory: str) -> TrajectorySpec:
+        for members in self.groups.values():
+            for spec in members:
+                if spec.id == trajectory:
+                    return spec
+        raise KeyError(f"prime-rl returned a rollout for {trajectory!r}, which is not in the job")
+
+    def record(self, output: dict[str, Any], spec: TrajectorySpec, reason: str) -> SampleRecord:
+        return record_of(output, spec, details={"group_attempts": self.attempts.get(spec.group, 0),
+                                                "reported": reason})
+
+    async def stop(self) -> None:
+        """The scheduler's in-flight rollouts cancelled, the env client closed, the env server terminated."""
+        try:
+            await self.scheduler.stop()
+        finally:
+            for env in self.train_envs:
+                if env._env_client is not None:
+                    await env._env_client.close()
+            await asyncio.to_thread(self.train_envs.shutdown)
+
+
+def _rows(groups: dict[str, list[TrajectorySpec]], facts: TraceFacts) -> list[dict[str, Any]]:
+    """One dataset row per group: its prompt, answer and members, in the job's order (the example id)."""
+    rows = []
+    for index, (group, members) in enumerate(groups.items()):
+        first = members[0]
+        if not first.messages:
+            raise ValueError(f"trajectory {first.id}: the prime-rl target needs the prompt as chat messages "
+                             "(the trace's prompt.messages); this trajectory has only token ids")
+        info = {GROUP_KEY: group, MEMBERS_KEY: [m.id for m in members]}
+        rows.append({"prompt": first.messages, "answer": facts.answers.get(first.id, ""), "example_id": index,
+                     "info": json.dumps(info)})
+    return rows
+
+
+def _config_fields(job: RolloutJob, size: int, rows: Path, scratch: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """prime-rl's `OrchestratorConfig` for one batch of the whole job: every group in flight at once."""
+    params = job.trajectories[0].sampling_params
+    sampling: dict[str, Any] = {"temperature": params.get("temperature", 1.0)}
+    if params.get("max_new_tokens") is not None:
+        sampling["max_completion_tokens"] = params["max_new_tokens"]
+    fields: dict[str, Any] = {
+        "train": {"env": [{"id": environment.ENV_ID, "name": ENV_NAME, "args": {"rows": str(rows)},
+                           "num_workers": 1}],
+                  "sampling": sampling},
+        "batch_size": len(job.trajectories), "rollouts_per_example": size,
+        "max_inflight_rollouts": len(job.trajectories), "max_async_level": 10**9,
+        "seq_len": job.context_length, "use_renderer": False, "output_dir": scratch / "outputs",
+    }
+    if "max_error_reschedule_attempts" in options:
+        fields["max_error_reschedule_attempts"] = int(options["max_error_reschedule_attempts"])
+    return fields
