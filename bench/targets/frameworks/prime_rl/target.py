@@ -15,8 +15,8 @@ orchestrator exits there. The adapter declares `fail_fast` when the checkout's s
 
 Options (`--target-option`):
 - `source` (`--source DIR`, or `ROLLOUT_BENCH_PRIME_RL_PATH`): the prime-rl checkout; its `src` and
-  `packages/prime-rl-configs/src` go on the import path. Checkouts whose scheduler was replaced (mid 2026 and
-  later) are refused by name.
+  `packages/prime-rl-configs/src` go on the import path. A checkout after prime-rl#2639 (June 2026), which
+  replaced the Scheduler, is refused by name.
 - `verifiers_source`: a verifiers checkout (e.g. verifiers#1427) imported instead of the installed verifiers
   0.1.14, in the orchestrator and in the env server it spawns.
 - `max_retries` (1): the OpenAI SDK's retries of each model call. prime-rl builds its clients with 10, whose
@@ -29,8 +29,10 @@ Options (`--target-option`):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -39,7 +41,7 @@ from typing import Any
 from bench.records.attribution import TRAJECTORY_HEADER
 from bench.records.sample import SampleRecord
 from bench.targets.base import Emit, RolloutJob, TrajectorySpec
-from bench.targets.frameworks.verifiers.records import record_of
+from bench.targets.frameworks.verifiers.records import error_info, record_of
 from bench.targets.frameworks.verifiers.target import TraceFacts, _trace_path
 
 from ..checkout import Checkout, CheckoutError, named_source, read_checkout
@@ -55,6 +57,7 @@ VERIFIERS_MARKER = "verifiers/__init__.py"
 MAX_RETRIES = 1
 MAX_REDRAWS = 8
 ENV_NAME = "bench"
+SCRATCH_PREFIX = "rollout-bench-prime-rl-"  # + the worker's pid: the env server's logs live there
 API_KEY_VAR = "ROLLOUT_BENCH_API_KEY"  # unset: the SDK sends "EMPTY"
 
 
@@ -85,7 +88,8 @@ class PrimeRlTarget:
         checkout = read_checkout("prime-rl", named, MARKER)
         if not (checkout.path / SCHEDULER).is_file():
             raise CheckoutError(f"prime-rl source {named!r} has no {SCHEDULER}: its orchestrator no longer has the "
-                                "Scheduler this adapter drives (replaced after May 2026); use a checkout that has it")
+                                "Scheduler this adapter drives (prime-rl#2639 replaced it, June 2026); use a "
+                                "checkout from before it")
         if self.checkout is not None and self.checkout.path != checkout.path:
             raise ValueError(f"prime-rl: this worker imported {self.checkout.path}, not {checkout.path}")
         self.checkout = checkout
@@ -96,11 +100,11 @@ class PrimeRlTarget:
         for path in reversed(paths):  # the env server and its workers are spawned: they get this sys.path
             if str(path) not in sys.path:
                 sys.path.insert(0, str(path))
-        _refuse_unusable_verifiers(self.verifiers_checkout)
         from . import stubs
 
-        stubs.install()
         try:
+            _refuse_unusable_verifiers(self.verifiers_checkout)
+            stubs.install()
             from prime_rl.orchestrator import buffer, envs, scheduler  # noqa: F401
             from prime_rl.utils import client  # noqa: F401
         except ModuleNotFoundError as missing:
@@ -114,10 +118,14 @@ class PrimeRlTarget:
     def framework_info(self) -> dict[str, str]:
         """The checkout and its commit, the verifiers it ran with (installed or a checkout), and the SDK's retries."""
         info = self.checkout.info() if self.checkout else {"framework": "prime-rl"}
+        import verifiers
+
+        version = getattr(verifiers, "__version__", None) or importlib.metadata.version("verifiers")
         if self.verifiers_checkout is not None:
-            info["verifiers"] = f"{self.verifiers_checkout.commit} ({self.verifiers_checkout.path})"
+            checkout = self.verifiers_checkout
+            info["verifiers"] = f"{version} @ {checkout.commit} ({checkout.path})"
         else:
-            info["verifiers"] = importlib.metadata.version("verifiers")
+            info["verifiers"] = version
         info["openai"] = importlib.metadata.version("openai")
         info["client_max_retries"] = str(getattr(self, "max_retries", MAX_RETRIES))
         return info
@@ -128,7 +136,7 @@ class PrimeRlTarget:
         the run. It sends nothing, so no fault window starts before the scheduler's first request."""
         if self.checkout is None:
             self.warm_up(job.options)
-        with tempfile.TemporaryDirectory(prefix="rollout-bench-prime-rl-") as scratch:
+        with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch:  # the env logs
             batch = await _Batch.start(job, Path(scratch), self.options)
             try:
                 await batch.generate(emit)
@@ -141,8 +149,8 @@ def _refuse_unusable_verifiers(checkout: Checkout | None) -> None:
     verifiers without it (0.4 and later ship only `verifiers.v1`), naming what is missing."""
     import verifiers as vf
 
-    where = f"the verifiers checkout at {checkout.path}" if checkout else \
-        f"verifiers {importlib.metadata.version('verifiers')} ({Path(vf.__file__).parent})"
+    version = getattr(vf, "__version__", None) or importlib.metadata.version("verifiers")
+    where = f"verifiers {version} ({checkout.path if checkout else Path(vf.__file__).parent})"
     missing = [name for name in ("ClientConfig", "RolloutInput", "RolloutOutput", "SingleTurnEnv", "load_environment")
                if not hasattr(vf, name)]
     try:
@@ -151,8 +159,9 @@ def _refuse_unusable_verifiers(checkout: Checkout | None) -> None:
         missing.append("verifiers.serve (ZMQEnvClient, ZMQEnvServer)")
     if missing:
         raise ValueError(f"prime-rl's orchestrator uses verifiers' v0 API, which {where} lacks: "
-                         f"{', '.join(missing)}; prime-rl at these commits pins verifiers 58b119fa1 (0.1.14 on the "
-                         "error path): install that, or give a checkout with --target-option verifiers_source=DIR")
+                         f"{', '.join(missing)} (verifiers 0.4 ships only verifiers.v1); prime-rl at these commits "
+                         "pins verifiers 58b119fa1 (0.1.14 on the error path): run it with that, or give a v0 "
+                         "checkout with --target-option verifiers_source=DIR")
 
 
 class _Batch:
@@ -238,10 +247,17 @@ class _Batch:
             self._emit_group(eid, emit, reason=f"given up after {self.buffer.max_redraws} replays")
 
     def _emit_group(self, eid: int, emit: Emit, *, reason: str) -> None:
-        for spec in self.by_example[eid]:
-            output = self.last.get(spec.id)
-            if output is not None:
-                self._emit(output, emit, reason=reason)
+        """A group the batch did not return, every member failed: its own error, or the group's first (a member
+        that came back clean was thrown away with its group, untrained)."""
+        outputs = [(spec, self.last.get(spec.id)) for spec in self.by_example[eid]]
+        first = next((o["error"] for _, o in outputs if o is not None and o.get("error")), None)
+        for spec, output in outputs:
+            if output is None:
+                continue
+            record = self.record(output, spec, reason)
+            if record.outcome != "failed":
+                record = dataclasses.replace(record, outcome="failed", status="group dropped", error=error_info(first))
+            emit(record)
 
     def _emit(self, output: dict[str, Any], emit: Emit, *, reason: str) -> None:
         spec = self._spec(info_of(output)[STATE_KEY])
