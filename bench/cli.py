@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="slime/miles: a user's generate function, as their --custom-generate-function-path")
     run.add_argument("--custom-rm-path", metavar="MODULE.FUNC",
                      help="slime/miles: a user's reward function, as their --custom-rm-path")
-    run.add_argument("--source", metavar="DIR", help="a framework run from source (slime, open-instruct): its "
+    run.add_argument("--source", metavar="DIR", help="a framework run from source (slime, open-instruct, prime-rl): its "
                      "checkout; the report names it and its commit")
     run.add_argument("--slime-path", metavar="DIR", help="--source's older name")
     run.add_argument("--mode", choices=("train", "eval"), help="slime/miles: the train or the eval rollout path")
@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--stop", action="store_true", help="stop the warm worker for this target")
     worker.add_argument("--log", help="the warm worker's log file (default: a temp folder)")
     worker.add_argument("--source", metavar="DIR",
-                        help="a framework run from source (slime, open-instruct): its checkout")
+                        help="a framework run from source (slime, open-instruct, prime-rl): its checkout")
     worker.add_argument("--slime-path", metavar="DIR", help="--source's older name")
     worker.add_argument("--target-option", action="append", metavar="KEY=VALUE", default=[],
                         help="target adapter options for its warm-up (as for run)")
