@@ -122,6 +122,7 @@ $(TARGETS_DIR)/open-instruct/.built: $(FRAMEWORKS)/open_instruct/env.txt $(FRAME
 traces: $(VENV)/.installed
 	$(BIN)/rollout-bench synth --kind rlvr --n 500 --seed 1 --out traces/rlvr-500.jsonl.gz
 	$(BIN)/rollout-bench synth --kind agentic --n 500 --seed 1 --out traces/agentic-500.jsonl.gz
+	$(BIN)/rollout-bench synth --kind retool --n 64 --seed 1 --out traces/retool-64.jsonl.gz
 
 # Regenerate the shipped tokenizer folder (a test checks it matches byte for byte).
 tokenizer: $(VENV)/.installed
