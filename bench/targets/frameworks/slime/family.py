@@ -250,6 +250,9 @@ class SlimeFamilyTarget:
     framework: ClassVar[Framework]
     variants: ClassVar[tuple[str, ...]] = ("unfixed", "patched", "fixed")  # fixed: patched, by the reference name
     fail_fast = False  # neither framework declares one trajectory's failure fatal to the batch
+    # Does the rollout manager put back every group with an ABORTED sample (slime's fully-async manager does, as
+    # they are, and retool's ABORTED is meant for it), or only those a `stale_retry` rule names (the default)?
+    requeue_aborted: ClassVar[bool] = False
 
     def __init__(self, variant: str = "unfixed") -> None:
         if variant not in self.variants:
@@ -327,7 +330,8 @@ class SlimeFamilyTarget:
                         trajectory = plugins.trajectory_of(found.sample)
                         found.step = step - 1
                         returned[trajectory] = found
-                    if any(_resubmits(job, s.sample) for s in _flatten(group)):
+                    if any(self.requeue_aborted and s.sample.status.name == "ABORTED" or _resubmits(job, s.sample)
+                           for s in _flatten(group)):
                         back.append(group)
                 if not back or resubmission == MAX_RESUBMISSIONS:
                     break

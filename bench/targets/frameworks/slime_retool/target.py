@@ -13,7 +13,9 @@ code in its own sandbox. So this target
   `code_interpreter` call printing N bytes) so the oversized output comes from retool's own tool path;
 - takes response ids from the Sample retool returns, split at the prompt retool itself renders (never at a
   length read from the trace);
-- names `max_tokens_per_gpu` and `context_parallel_size` (retool reads them when no context length is set).
+- names `max_tokens_per_gpu` and `context_parallel_size` (retool reads them when no context length is set);
+- puts every group with an ABORTED sample back, its Sample objects as they are, as slime's fully-async rollout
+  manager does (retool's ABORTED is meant for it): a retried sample arrives with its first attempt's state.
 
 Everything else (args, data source, rollout manager resubmissions, variants unfixed/patched, options) is the
 slime family's (`slime/family.py`); the environment is slime's (`make slime-env`).
@@ -74,6 +76,10 @@ class SlimeRetool(Slime):
 
 class SlimeRetoolTarget(SlimeFamilyTarget):
     framework: ClassVar[SlimeRetool] = SlimeRetool()  # type: ignore[assignment]
+    # retool returns ABORTED "so the fully_async rollout manager returns the whole group to the buffer for retry"
+    # (its own comment, #1861); slime's fully-async manager (an example at 41dc3b6, a module at 624b824) puts every
+    # group with an ABORTED sample back into the data buffer, Sample objects as they are.
+    requeue_aborted = True
 
     def _rollout(self, job: RolloutJob, options: dict[str, Any], mods: Modules) -> list[Any]:
         check_rendering(job, self.framework, mods)
