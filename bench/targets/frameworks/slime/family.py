@@ -330,7 +330,7 @@ class SlimeFamilyTarget:
                         trajectory = plugins.trajectory_of(found.sample)
                         found.step = step - 1
                         returned[trajectory] = found
-                    if any(self.requeue_aborted and s.sample.status.name == "ABORTED" or _resubmits(job, s.sample)
+                    if any(self.requeue_aborted and _requeued(s.sample) or _resubmits(job, s.sample)
                            for s in _flatten(group)):
                         back.append(group)
                 if not back or resubmission == MAX_RESUBMISSIONS:
@@ -417,6 +417,12 @@ def _flatten(group: list[Any]) -> Iterator[_Returned]:
                 yield _Returned(item[-1], 0, fanout=len(item))
         else:
             yield _Returned(item, 0)
+
+
+def _requeued(sample: Any) -> bool:
+    """An ABORTED sample a requeueing manager puts back; not a patched run's placeholder for a sample that raised
+    (it stands in to be trained as removed, with the error that made it)."""
+    return sample.status.name == "ABORTED" and patch.ERROR_KEY not in (sample.metadata or {})
 
 
 def _resubmits(job: RolloutJob, sample: Any) -> bool:
