@@ -30,6 +30,7 @@ from bench.replay.identify import Identity
 from bench.report.status import HONEST, status_verdicts
 from bench.synth import synthesize
 from bench.synth import retool_format
+from bench.targets import resolve_target
 from bench.targets.frameworks.envs import target_python
 from bench.targets.frameworks.slime.family import OptionError, split_tokens
 from bench.targets.frameworks.slime.target import PATH_ENV
@@ -247,3 +248,11 @@ def _logps_over_tokens(message: str) -> bool:
     words = message.split()
     tokens, logps = int(words[words.index("tokens") - 1]), int(words[words.index("logps") - 1])
     return logps > tokens
+
+
+def test_a_trace_without_raw_prompts_is_refused_before_retool_loads() -> None:
+    """The agentic trace (the bench's own template, no raw question) would drift retool to turn 0 on every
+    request: refused at warm-up, naming the trace, the trajectory and the way out."""
+    target = resolve_target("slime-retool")
+    with pytest.raises(OptionError, match=r"trajectory g00000-0 has no raw prompt.*--trace retool-64"):
+        target.warm_up({"trace": str(shipped_trace("agentic-500")), "source": "/nonexistent"})

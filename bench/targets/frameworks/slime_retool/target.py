@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 from bench.targets.base import RolloutJob
+from bench.trace import open_trace
 
 from ..slime.family import Modules, OptionError, SlimeFamilyTarget
 from ..slime.target import Slime
@@ -81,9 +83,27 @@ class SlimeRetoolTarget(SlimeFamilyTarget):
     # group with an ABORTED sample back into the data buffer, Sample objects as they are.
     requeue_aborted = True
 
+    def warm_up(self, options: dict[str, Any]) -> None:
+        """Refuse, before anything runs, a trace that cannot drive retool: one without raw prompts."""
+        trace = options.get("trace")
+        if trace is not None:
+            check_raw_prompts(Path(trace))
+        super().warm_up(options)
+
     def _rollout(self, job: RolloutJob, options: dict[str, Any], mods: Modules) -> list[Any]:
         check_rendering(job, self.framework, mods)
         return super()._rollout(job, options, mods)
+
+
+def check_raw_prompts(trace: Path) -> None:
+    """The trace's first trajectory must carry a raw prompt (a trace is one kind throughout)."""
+    with open_trace(trace, check=False) as reader:
+        for trajectory in reader:
+            if trajectory.prompt.raw is None:
+                raise OptionError(f"trace {str(trace)!r}: trajectory {trajectory.id} has no raw prompt (prompt.raw): "
+                                  f"retool renders its own prompt around the raw question; use a retool trace "
+                                  f"(--trace {DEFAULT_TRACE}, or `rollout-bench synth --kind retool`)")
+            return
 
 
 def check_rendering(job: RolloutJob, framework: SlimeRetool, mods: Modules) -> None:
