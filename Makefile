@@ -134,6 +134,7 @@ $(TARGETS_DIR)/prime-rl/.built: $(FRAMEWORKS)/prime_rl/env.txt $(FRAMEWORKS)/pri
 traces: $(VENV)/.installed
 	$(BIN)/rollout-bench synth --kind rlvr --n 500 --seed 1 --out traces/rlvr-500.jsonl.gz
 	$(BIN)/rollout-bench synth --kind agentic --n 500 --seed 1 --out traces/agentic-500.jsonl.gz
+	$(BIN)/rollout-bench synth --kind retool --n 64 --seed 1 --out traces/retool-64.jsonl.gz
 
 # Regenerate the shipped tokenizer folder (a test checks it matches byte for byte).
 tokenizer: $(VENV)/.installed

@@ -50,6 +50,7 @@ class Exchange:
     weight_version: str
     context_length: int
     tokenizer: ByteBPETokenizer
+    tools: tuple[str, ...] = ()  # the tools the trajectory's prompt announces: the tool protocol its client speaks
     rng: random.Random = field(default_factory=random.Random)  # seeded per (plan, rule, attempt)
     logprob_entries: list[tuple[float | None, int]] | None = None  # (logprob, id) pairs, when a fault edits them
     refusal_context: int | None = None  # answer a context-length 400 claiming this context length

@@ -30,7 +30,7 @@ def test_missing_trace_is_a_clear_error(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "bench", "inspect", str(tmp_path / "nope.jsonl")],
                          capture_output=True, text=True)
     assert run.returncode == 2
-    assert "no such file, and not a shipped trace name (agentic-500, rlvr-500)" in run.stderr
+    assert "no such file, and not a shipped trace name (agentic-500, retool-64, rlvr-500)" in run.stderr
 
 
 def test_tokenizer_and_traces_commands() -> None:

@@ -129,7 +129,7 @@ def test_synth_rejects_bad_arguments(tmp_path: Path, args: list[str], message: s
 
 
 def test_unknown_kind_lists_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(SynthError, match="valid kinds: agentic, rlvr"):
+    with pytest.raises(SynthError, match="valid kinds: agentic, retool, rlvr"):
         synthesize("chat", 4, 1, tmp_path / "x.jsonl")
 
 

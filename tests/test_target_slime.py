@@ -127,7 +127,8 @@ def test_slime_with_user_plugins() -> None:
     result = _run("slime", SLIME_PYTHON, None, "rlvr-500", RLVR, slime_path=SLIME_PATH, **USER_PLUGINS)
     assert result.batch_error is None and result.violations == []
     assert {r.reward for r in result.records} == {USER_REWARD}
-    assert all(r.details["framework"].startswith("slime (source ") for r in result.records)
+    assert all(r.details["framework"].startswith("slime ") and f"(source {Path(SLIME_PATH).resolve()})"
+               in r.details["framework"] for r in result.records)  # `slime <commit> (source ...)` in a git work tree
 
 
 @needs_slime

@@ -231,3 +231,26 @@ def test_a_lines_ids_are_read_without_decoding_it_when_written_by_the_writer(sma
         reordered = json.dumps(dict(reversed(list(record.items())))).encode()
         assert reader.ids(number, line) == reader.ids(number, reordered) == (record["id"], record["group_id"])
         assert not reordered.startswith(b'{"type"')
+
+
+def test_a_raw_prompt_and_its_rendering_are_a_pair(tmp_path: Path) -> None:
+    """`prompt.raw` (what a framework that renders its own prompt receives) must occur in `prompt.text` (what it
+    sent): a raw prompt from another rendering is named by line and field, in the reader and in validate."""
+    from bench.synth import synthesize
+
+    good = synthesize("retool", 4, 1, tmp_path / "retool.jsonl")
+    assert list(validate_trace(good)) == []
+    records = read_lines(good)
+    assert all(r["prompt"]["raw"] in r["prompt"]["text"] for r in records[1:])
+    records[2]["prompt"]["raw"] = "What is the greatest common divisor of 12 and 18?"
+    records[3]["prompt"]["raw"] = " "
+    path = write_lines(tmp_path / "bad.jsonl", records)
+    problems = [str(p) for p in validate_trace(path)]
+    assert problems == [
+        f"{path}:3: prompt.raw: does not occur in prompt.text: the rendered prompt (ids/text) must be the framework's "
+        "rendering of this raw prompt (raw starts 'What is the greatest common divisor of 1')",
+        f"{path}:4: prompt.raw: must not be empty (leave it out when the framework receives the rendered prompt)",
+    ]
+    with pytest.raises(TraceFormatError, match=r":3: prompt.raw: does not occur in prompt.text"):
+        with open_trace(path) as reader:
+            list(reader)

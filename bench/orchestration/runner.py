@@ -105,7 +105,7 @@ def _spec(trajectory: RecordedTrajectory) -> TrajectorySpec:
     prompt = list(array("i", trajectory.sequences[0][: trajectory.prompt_len * 4]))
     return TrajectorySpec(trajectory.id, trajectory.group_id, prompt, trajectory.prompt_text,
                           trajectory.prompt_messages, trajectory.prompt_tools, dict(trajectory.first_sampling_params),
-                          len(trajectory.turns))
+                          len(trajectory.turns), trajectory.prompt_raw)
 
 
 async def _started(task: asyncio.Task[None], target: TargetAdapter, limit_s: float,

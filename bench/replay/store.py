@@ -56,6 +56,7 @@ class RecordedTrajectory:
     sequences: list[bytes]
     turns: list[RecordedTurn]
     recorded_outcome: str | None = None  # the trace's `metadata.outcome` (e.g. context_overflow), if it says
+    prompt_raw: str | None = None  # the raw prompt, when the framework renders `prompt_text` itself
 
     def request_matches(self, turn: int, packed: bytes) -> bool:
         recorded = self.turns[turn]
@@ -105,6 +106,7 @@ def _recorded(trajectory: Trajectory, index: int, member: int) -> RecordedTrajec
         prompt_tools=trajectory.prompt.tools, prompt_text=trajectory.prompt.text,
         first_sampling_params=trajectory.turns[0].request.sampling_params if trajectory.turns else {},
         sequences=[pack(s) for s in sequences], turns=turns, recorded_outcome=_outcome(trajectory),
+        prompt_raw=trajectory.prompt.raw,
     )
 
 

@@ -19,6 +19,8 @@ from bench.invariants.vacuity import reach
 from bench.orchestration.runner import RunResult
 from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES
 
+from .status import honesty_line, honesty_summary, status_verdicts
+
 
 def _versions() -> dict[str, str]:
     out = {"rollout-bench": __version__, "python": platform.python_version()}
@@ -142,6 +144,8 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "vacuity": vars(reach(plan, result.fault_events, result.records)),
         # did each sample train on what it was served (the provenance invariant), per check and per fault type
         "provenance": provenance_summary(result, trajectories),
+        # samples cut at the context or by length yet COMPLETED: reported, not a violation (`bench.report.status`)
+        "status_honesty": honesty_summary(status_verdicts(result.records, result.requests, result.context_length)),
         "throughput": {
             "trajectories_per_s": round(n / duration, 3),
             "samples_per_s": round(int((~trajectories["outcome"].eq("lost")).sum()) / duration, 3),
@@ -213,6 +217,9 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     provenance = summary.get("provenance")
     if provenance:
         lines.append(("provenance", _provenance_line(provenance)))
+    honesty = honesty_line(summary.get("status_honesty") or {})
+    if honesty:
+        lines.append(("status honesty", honesty))
     not_reached = (summary.get("vacuity") or {}).get("not_reached")
     if not_reached:
         lines.append(("not reached", f"{', '.join(not_reached)}: rules the target stopped before (no verdict on them)"))

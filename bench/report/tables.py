@@ -12,6 +12,8 @@ from bench.orchestration.runner import RunResult
 from bench.records.request_log import COLUMNS as REQUEST_COLUMNS
 from faults.log import COLUMNS as FAULT_COLUMNS
 
+from .status import status_verdicts
+
 TABLES = ("trajectories", "requests", "faults")
 
 
@@ -27,12 +29,14 @@ def frames(result: RunResult) -> dict[str, pd.DataFrame]:
     faults = pd.DataFrame([asdict(e) for e in result.fault_events], columns=FAULT_COLUMNS)
     reached = ~faults["reach"].isin(NOT_REACHED)
     hit, missed = _names_by_trajectory(faults[reached]), _names_by_trajectory(faults[~reached])
+    honesty = status_verdicts(result.records, result.requests, result.context_length)
     rows = []
     for record in result.records:
         row = record.to_row()
         row["faults"] = hit.get(record.trajectory, "")
         row["faults_not_reached"] = missed.get(record.trajectory, "")
         row["provenance"] = result.provenance.get(record.trajectory)  # `bench.invariants.provenance`
+        row["status_honest"] = honesty.get(record.trajectory)  # `bench.report.status`: cut yet COMPLETED?
         rows.append(row)
     requests = pd.DataFrame([asdict(r) for r in result.requests], columns=REQUEST_COLUMNS)
     return {"trajectories": pd.DataFrame(rows), "requests": requests, "faults": faults}

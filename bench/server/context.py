@@ -60,11 +60,18 @@ class ServerContext:
         flavor = "sglang" if api == "native" else self.config.openai_flavor
         exchange = Exchange(api=api, flavor=flavor, endpoint=endpoint, stream=stream, generation=generation,
                             weight_version=self.state.weight_version, context_length=self.config.context_length,
-                            tokenizer=self.tokenizer)
+                            tokenizer=self.tokenizer, tools=self._tools(generation.identity))
         decision = self.faults.decide(self.target(generation.identity, endpoint), forced)
         if decision.rules:
             self.faults.apply(decision, exchange, rid)
         return exchange
+
+    def _tools(self, identity: Identity) -> tuple[str, ...]:
+        """The names of the tools the trajectory's recorded prompt announces (none for an unknown request)."""
+        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory else None
+        if trajectory is None or not trajectory.prompt_tools:
+            return ()
+        return tuple(str(tool.get("function", tool).get("name", "")) for tool in trajectory.prompt_tools)
 
     def weight_update(self, endpoint: str) -> None:
         """A weight-version change: `abort_all_on_weight_update` rules abort everything in flight."""

@@ -14,7 +14,7 @@ from bench.progress import progress
 from bench.tokenizer import TOKENIZER_NAME, ByteBPETokenizer, load_tokenizer
 from bench.trace import SCHEMA_VERSION, TokenizerInfo, TraceHeader, TraceSource, TraceWriter, Trajectory
 
-from . import agentic, rlvr
+from . import agentic, retool, rlvr
 from .common import SYNTH_MODEL
 
 # Synthetic traces carry a fixed creation time so that equal arguments give equal bytes.
@@ -36,6 +36,8 @@ KINDS: dict[str, Kind] = {
                  "single-turn math word problems in GRPO groups"),
     "agentic": Kind(agentic.agentic_trajectories, agentic.DEFAULT_CONTEXT_LENGTH, 4,
                     "SWE-bench-like multi-turn tool use, 5-50 turns"),
+    "retool": Kind(retool.retool_trajectories, retool.DEFAULT_CONTEXT_LENGTH, 4,
+                   "math with a code interpreter as slime's retool example sends it (raw question, its own prompt)"),
 }
 
 
@@ -68,7 +70,7 @@ def synthesize(
         raise SynthError(f"--context-length must be at least 256 tokens, got {context_length}")
     tokenizer = load_tokenizer()
     header = _header(kind, n, seed, group_size, context_length, created, tokenizer)
-    options = {"context_length": context_length} if kind == "agentic" else {}
+    options = {"context_length": context_length} if kind in ("agentic", "retool") else {}
     trajectories = spec.generate(tokenizer, Faker("en_US"), seed=seed, groups=n // group_size,
                                  group_size=group_size, **options)
     with TraceWriter(out, header) as writer:

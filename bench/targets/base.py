@@ -29,6 +29,7 @@ class TrajectorySpec:
     tools: list[dict[str, Any]] | None
     sampling_params: dict[str, Any]
     turns: int  # recorded turns: a multi-turn target stops there
+    raw_prompt: str | None = None  # what the framework receives when it renders the prompt itself (`prompt.raw`)
 
 
 @dataclass

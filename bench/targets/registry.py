@@ -25,6 +25,7 @@ REGISTRY: dict[str, str] = {
     "verifiers": "bench.targets.frameworks.verifiers.target:VerifiersTarget",
     "miles": "bench.targets.frameworks.miles.target:MilesTarget",
     "slime": "bench.targets.frameworks.slime.target:SlimeTarget",
+    "slime-retool": "bench.targets.frameworks.slime_retool.target:SlimeRetoolTarget",
     "areal": "bench.targets.frameworks.areal.target:ArealTarget",
     "verl": "bench.targets.frameworks.verl.target:VerlTarget",
     "open-instruct": "bench.targets.frameworks.open_instruct.target:OpenInstructTarget",

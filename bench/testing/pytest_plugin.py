@@ -275,7 +275,8 @@ class BenchServerHandle:
         from bench.targets import TrajectorySpec
 
         return [TrajectorySpec(t.id, t.group_id, _ints(t.sequences[0], t.prompt_len), t.prompt_text,
-                               t.prompt_messages, t.prompt_tools, dict(t.first_sampling_params), len(t.turns))
+                               t.prompt_messages, t.prompt_tools, dict(t.first_sampling_params), len(t.turns),
+                               t.prompt_raw)
                 for t in self.thread.context.store.trajectories]
 
     def explain(self) -> str:

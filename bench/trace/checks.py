@@ -38,6 +38,7 @@ def check_trajectory(trajectory: Trajectory, header: TraceHeader) -> Iterator[Is
     if not trajectory.group_id:
         yield "group_id", "must not be empty"
     yield from _check_ids("prompt.ids", trajectory.prompt.ids, header.tokenizer.vocab_size)
+    yield from _check_raw_prompt(trajectory)
     if not trajectory.turns:
         yield "turns", "a trajectory needs at least one turn"
     if trajectory.reward is not None and not math.isfinite(trajectory.reward):
@@ -45,6 +46,19 @@ def check_trajectory(trajectory: Trajectory, header: TraceHeader) -> Iterator[Is
     for index, turn in enumerate(trajectory.turns):
         yield from _check_turn(f"turns[{index}]", index, turn, header)
     yield from _check_prompt_tokens(trajectory)
+
+
+def _check_raw_prompt(trajectory: Trajectory) -> Iterator[Issue]:
+    """A raw prompt and its rendering are a pair: the framework's template wraps the raw prompt, so the
+    rendered text must contain it verbatim (a raw prompt that is not in the text belongs to another rendering)."""
+    raw = trajectory.prompt.raw
+    if raw is None:
+        return
+    if not raw.strip():
+        yield "prompt.raw", "must not be empty (leave it out when the framework receives the rendered prompt)"
+    elif raw not in trajectory.prompt.text:
+        yield ("prompt.raw", f"does not occur in prompt.text: the rendered prompt (ids/text) must be the framework's "
+                             f"rendering of this raw prompt (raw starts {raw[:40]!r})")
 
 
 def _check_ids(field: str, ids: list[int], vocab_size: int) -> Iterator[Issue]:

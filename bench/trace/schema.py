@@ -46,12 +46,18 @@ class TraceHeader(_Record, tag="header", tag_field="type"):
 
 
 class Prompt(_Record):
-    """The trajectory's prompt: as the dataset gave it (messages, tools) and as rendered."""
+    """The trajectory's prompt: as the dataset gave it (messages, tools) and as rendered.
+
+    `raw` is set when the framework renders the prompt itself (its own template around the dataset's
+    question, as slime's retool example does): `raw` is what the framework receives, `ids` (and `text`)
+    what it sends. Replay identifies requests by `ids`; a target feeds the framework `raw`.
+    """
 
     ids: list[int]
     text: str
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    raw: str | None = None
 
 
 class Request(_Record):

@@ -14,6 +14,7 @@ SHIPPED_TRACES = {
     # name: (file, kind, n, seed) -- `make traces` regenerates them with these arguments
     "rlvr-500": ("rlvr-500.jsonl.gz", "rlvr", 500, 1),
     "agentic-500": ("agentic-500.jsonl.gz", "agentic", 500, 1),
+    "retool-64": ("retool-64.jsonl.gz", "retool", 64, 1),
 }
 DEFAULT_TRACE = "agentic-500"
 

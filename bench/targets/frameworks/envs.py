@@ -15,6 +15,7 @@ from pathlib import Path
 TARGET_ENVS: dict[str, tuple[str, ...]] = {
     "miles": ("miles",),
     "slime": ("slime",),
+    "slime-retool": ("slime",),  # slime's retool example: slime's environment
     "verifiers": ("verifiers",),
     "areal": ("areal",),
     "verl": ("verl", "verl-0.9"),  # 0.8.0, else 0.9.1

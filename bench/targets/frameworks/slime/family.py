@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import inspect
 import json
@@ -130,6 +131,15 @@ class Framework:
         """Framework-specific argument names."""
         return {}
 
+    def generate_path(self, job: RolloutJob, options: dict[str, Any]) -> str | None:
+        """The generate function the run plugs in: the user's, else the bundled multi-turn one for a tool trace."""
+        return options.get("custom_generate_function_path") or (self.multi_turn if uses_tools(job) else None)
+
+    def rendered_prompt(self, tokenizer: Any, sample: Any) -> list[int] | None:
+        """The prompt ids the framework's generate sends for `sample`, when it renders the prompt itself (None:
+        it sends the prompt it is given, whose ids the trace holds)."""
+        return None
+
 
 def check_options(options: dict[str, Any]) -> None:
     unknown = set(options) - _OPTIONS
@@ -194,7 +204,8 @@ def trace_for(job: RolloutJob, options: dict[str, Any]) -> Path | None:
     """The trace file behind the job: the `trace` option, else the shipped trace holding its trajectories."""
     if options.get("trace"):
         return Path(options["trace"])
-    kind = "agentic" if any(spec.tools for spec in job.trajectories) else "rlvr"
+    kind = ("retool" if any(spec.raw_prompt is not None for spec in job.trajectories)
+            else "agentic" if any(spec.tools for spec in job.trajectories) else "rlvr")
     for name, (_, shipped_kind, _, _) in SHIPPED_TRACES.items():
         if shipped_kind == kind:
             return shipped_trace(name)
@@ -239,6 +250,9 @@ class SlimeFamilyTarget:
     framework: ClassVar[Framework]
     variants: ClassVar[tuple[str, ...]] = ("unfixed", "patched", "fixed")  # fixed: patched, by the reference name
     fail_fast = False  # neither framework declares one trajectory's failure fatal to the batch
+    # Does the rollout manager put back every group with an ABORTED sample (slime's fully-async manager does, as
+    # they are, and retool's ABORTED is meant for it), or only those a `stale_retry` rule names (the default)?
+    requeue_aborted: ClassVar[bool] = False
 
     def __init__(self, variant: str = "unfixed") -> None:
         if variant not in self.variants:
@@ -281,20 +295,21 @@ class SlimeFamilyTarget:
         client.event_hooks["request"].append(plugins.name_request)
         trace = trace_for(job, options)
         recorded = RecordedTools.load(trace, job.trajectories) if trace is not None and trace.exists() else None
-        inner_path = options.get("custom_generate_function_path") or (
-            self.framework.multi_turn if uses_tools(job) else None)
+        inner_path = self.framework.generate_path(job, options)
         plugins.configure(plugins.Settings(
             inner_generate=self.framework.generate_function(mods, inner_path),
             inner_reward=mods.misc.load_function(options["custom_rm_path"]) if options.get("custom_rm_path") else None,
             tools=recorded, rewards=recorded.rewards if recorded else {}), tool_specs(job))
-        with patch.fixed_group(mods.rollout) if self.patched else contextlib.nullcontext():
+        tokenizer = mods.rollout.GenerateState(args).tokenizer
+        render = functools.partial(self.framework.rendered_prompt, tokenizer)
+        with patch.fixed_group(mods.rollout, render) if self.patched else contextlib.nullcontext():
             if options.get("mode", "train") == "eval":
                 returned = self._eval(job, args, mods)
             else:
                 returned = self._train(job, args, mods)
-        tokenizer = mods.rollout.GenerateState(args).tokenizer
         by_id = {spec.id: spec for spec in job.trajectories}
-        return [record_of(by_id[trajectory], found, args, tokenizer, self.framework.version())
+        return [record_of(by_id[trajectory], found, args, tokenizer, self.framework.version(),
+                          render(found.sample))
                 for trajectory, found in returned.items() if trajectory in by_id]
 
     def _train(self, job: RolloutJob, args: Args, mods: Modules) -> dict[str, _Returned]:
@@ -315,7 +330,8 @@ class SlimeFamilyTarget:
                         trajectory = plugins.trajectory_of(found.sample)
                         found.step = step - 1
                         returned[trajectory] = found
-                    if any(_resubmits(job, s.sample) for s in _flatten(group)):
+                    if any(self.requeue_aborted and _requeued(s.sample) or _resubmits(job, s.sample)
+                           for s in _flatten(group)):
                         back.append(group)
                 if not back or resubmission == MAX_RESUBMISSIONS:
                     break
@@ -339,7 +355,7 @@ class SlimeFamilyTarget:
                     for position, (_, members) in enumerate(groups):
                         entry = {"group": members[0][1].group, "members": [spec.id for _, spec in members],
                                  "first_index": position * size}
-                        out.write(json.dumps({"prompt": members[0][1].prompt_text,
+                        out.write(json.dumps({"prompt": framework_prompt(members[0][1]),
                                               "metadata": {plugins.META_KEY: entry}}) + "\n")
                 configs.append(eval_dataset(mods, args, f"rollout-bench-{size}", path, size))
             args.eval_datasets = configs
@@ -362,8 +378,14 @@ def evict(mods: Modules) -> None:
     getattr(mods.rollout, "EVAL_PROMPT_DATASET", {}).clear()
 
 
+def framework_prompt(spec: TrajectorySpec) -> str:
+    """The prompt the framework receives: the raw one when it renders its own (the trace's `prompt.raw`), else
+    the rendered text (slime's default generate tokenizes it as it is)."""
+    return spec.raw_prompt if spec.raw_prompt is not None else spec.prompt_text
+
+
 def new_sample(mods: Modules, spec: TrajectorySpec, group_index: int, index: int) -> Any:
-    return mods.Sample(group_index=group_index, index=index, prompt=spec.prompt_text,
+    return mods.Sample(group_index=group_index, index=index, prompt=framework_prompt(spec),
                        metadata={plugins.META_KEY: {"trajectory": spec.id, "group": spec.group}})
 
 
@@ -397,6 +419,12 @@ def _flatten(group: list[Any]) -> Iterator[_Returned]:
             yield _Returned(item, 0)
 
 
+def _requeued(sample: Any) -> bool:
+    """An ABORTED sample a requeueing manager puts back; not a patched run's placeholder for a sample that raised
+    (it stands in to be trained as removed, with the error that made it)."""
+    return sample.status.name == "ABORTED" and patch.ERROR_KEY not in (sample.metadata or {})
+
+
 def _resubmits(job: RolloutJob, sample: Any) -> bool:
     """Does the rollout manager put this sample back? An ABORTED one, when a `stale_retry` rule fires for its abort."""
     if sample.status.name != "ABORTED":
@@ -411,13 +439,30 @@ def _resubmits(job: RolloutJob, sample: Any) -> bool:
                for rule in job.client_faults)
 
 
-def record_of(spec: TrajectorySpec, found: _Returned, args: Args, tokenizer: Any, version: str) -> SampleRecord:
-    """A framework `Sample` as the trainer would receive it, with the framework's own evidence in `details`."""
+def split_tokens(tokens: list[int], response_length: int, prompt: list[int]) -> tuple[int, list[int], bool]:
+    """(prompt length, response ids, whether `tokens` starts with `prompt`) of a Sample's token list.
+
+    `prompt` is what the framework renders for the sample: when the tokens start with it, the response is
+    everything after it (so a response that disagrees with `response_length` shows). When they do not (a
+    placeholder built from another rendering, a sample with no tokens yet), the Sample's own split stands:
+    its last `response_length` tokens. The ids always come from the Sample, never from a recorded length."""
+    if not tokens:
+        return len(prompt), [], False
+    if tokens[: len(prompt)] == prompt:
+        return len(prompt), tokens[len(prompt):], True
+    kept = min(max(response_length, 0), len(tokens))
+    return len(tokens) - kept, tokens[len(tokens) - kept:], False
+
+
+def record_of(spec: TrajectorySpec, found: _Returned, args: Args, tokenizer: Any, version: str,
+              rendered: list[int] | None = None) -> SampleRecord:
+    """A framework `Sample` as the trainer would receive it, with the framework's own evidence in `details`.
+    `rendered`: the prompt ids the framework rendered for it, if it renders its own (else the trace's)."""
     sample = found.sample
     status = sample.status.name
-    prompt_length = len(spec.prompt_ids)
     tokens = list(sample.tokens or [])
-    response_ids = tokens[prompt_length:]
+    sent_prompt = list(spec.prompt_ids) if rendered is None else list(rendered)
+    prompt_length, response_ids, prompt_found = split_tokens(tokens, sample.response_length, sent_prompt)
     loss_mask = [1] * sample.response_length if sample.loss_mask is None else list(sample.loss_mask)
     if getattr(sample, "remove_sample", False):
         loss_mask = [0] * len(loss_mask)  # what the trainer does with a removed sample
@@ -442,7 +487,8 @@ def record_of(spec: TrajectorySpec, found: _Returned, args: Args, tokenizer: Any
         "loss_mask": "unset (trainer uses all ones)" if sample.loss_mask is None else "set",
         "remove_sample": bool(getattr(sample, "remove_sample", False)),
         "response_text_tokens": len(tokenizer.encode(sample.response or "", add_special_tokens=False)),
-        "prompt_matches_trace": tokens[:prompt_length] == list(spec.prompt_ids),
+        "prompt_matches_trace": tokens[:len(spec.prompt_ids)] == list(spec.prompt_ids),
+        "prompt_found_in_tokens": prompt_found,
         "rollout_step": found.step, "generate_calls": plugins.settings().generate_calls.get(spec.id, 0),
     }
     if found.fanout > 1:

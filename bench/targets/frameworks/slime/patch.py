@@ -34,8 +34,13 @@ ERROR_KEY = "rollout_bench_error"  # `Sample.metadata` entry: the exception a pl
 GroupFunction = Callable[..., Awaitable[list[Any]]]
 
 
-def fixed_generate_and_rm_group(module: ModuleType) -> GroupFunction:
-    """`generate_and_rm_group(args, group, sampling_params, evaluation=False)` that survives a raising sample."""
+Render = Callable[[Any], "list[int] | None"]  # the prompt ids a framework's generate renders for a sample, if its own
+
+
+def fixed_generate_and_rm_group(module: ModuleType, render: Render | None = None) -> GroupFunction:
+    """`generate_and_rm_group(args, group, sampling_params, evaluation=False)` that survives a raising sample.
+    `render` gives the prompt the framework's generate sends, when it renders its own (slime's retool example):
+    the placeholder then holds that prompt, as a sample of that generate would."""
 
     async def generate_and_rm_group(args: Any, group: list[Any], sampling_params: dict[str, Any],
                                     evaluation: bool = False) -> list[Any]:
@@ -58,7 +63,7 @@ def fixed_generate_and_rm_group(module: ModuleType) -> GroupFunction:
             if isinstance(result, BaseException):
                 log.error("sample %s of group %s raised; keeping an ABORTED placeholder in its place",
                           sample.index, sample.group_index, exc_info=result)
-                stand_in = placeholder(args, state.tokenizer, sample, result)
+                stand_in = placeholder(args, state.tokenizer, sample, result, render)
                 out.append([stand_in] if fanned_out else stand_in)
             else:
                 out.append(result)
@@ -72,7 +77,7 @@ def fixed_generate_and_rm_group(module: ModuleType) -> GroupFunction:
     return generate_and_rm_group
 
 
-def placeholder(args: Any, tokenizer: Any, sample: Any, error: BaseException) -> Any:
+def placeholder(args: Any, tokenizer: Any, sample: Any, error: BaseException, render: Render | None = None) -> Any:
     """A new ABORTED sample for `sample`'s prompt: one masked token, zero reward, the error kept in its metadata."""
     sample_class = type(sample)
     known = {f.name for f in fields(sample_class)}
@@ -81,7 +86,8 @@ def placeholder(args: Any, tokenizer: Any, sample: Any, error: BaseException) ->
     stand_in = sample_class(**kept)
     stand_in.metadata = {**(sample.metadata or {}), ERROR_KEY: asdict(ErrorInfo.of(error))}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    stand_in.tokens = prompt_ids(tokenizer, sample) + [pad]
+    rendered = render(sample) if render is not None else None
+    stand_in.tokens = (list(rendered) if rendered is not None else prompt_ids(tokenizer, sample)) + [pad]
     stand_in.response = ""
     stand_in.response_length = 1
     stand_in.loss_mask = [0]
@@ -106,10 +112,10 @@ def prompt_ids(tokenizer: Any, sample: Any) -> list[int]:
 
 
 @contextmanager
-def fixed_group(module: ModuleType) -> Iterator[None]:
+def fixed_group(module: ModuleType, render: Render | None = None) -> Iterator[None]:
     """Run with the fixed `generate_and_rm_group` in `module` (slime's or miles' `rollout.sglang_rollout`)."""
     original = module.generate_and_rm_group
-    module.generate_and_rm_group = fixed_generate_and_rm_group(module)
+    module.generate_and_rm_group = fixed_generate_and_rm_group(module, render)
     try:
         yield
     finally:
