@@ -12,6 +12,18 @@ from bench.server import ServerThread
 from bench.synth import synthesize
 
 
+@pytest.fixture
+def import_state() -> Iterator[None]:
+    """A framework warm-up changes the import system (a checkout on sys.path, a placeholder finder): undone after."""
+    import sys
+
+    path, finders, modules = list(sys.path), list(sys.meta_path), set(sys.modules)
+    yield
+    sys.path[:], sys.meta_path[:] = path, finders
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
 @pytest.fixture(scope="session")
 def small_agentic(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An 8-trajectory agentic trace, uncompressed so tests can edit lines."""

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -111,16 +110,6 @@ def test_a_run_needs_a_checkout_with_the_scheduler_and_known_options(tmp_path: P
         target.warm_up({"source": str(tmp_path), "max_redraws": -1})
     with pytest.raises(ValueError, match="no variants"):
         resolve_target("prime-rl:fixed")
-
-
-@pytest.fixture
-def import_state() -> Iterator[None]:
-    """A warm-up changes the import system (the checkout on sys.path, the placeholder finder): undone after."""
-    path, finders, modules = list(sys.path), list(sys.meta_path), set(sys.modules)
-    yield
-    sys.path[:], sys.meta_path[:] = path, finders
-    for name in set(sys.modules) - modules:
-        del sys.modules[name]
 
 
 def test_an_interpreter_without_verifiers_is_told_which_environment_to_build(tmp_path: Path,

@@ -13,46 +13,21 @@ stand-ins as well: `install` is also their `worker_process_setup_hook`.
 from __future__ import annotations
 
 import dataclasses
-import importlib.abc
-import importlib.machinery
-import sys
-import types
 from typing import Any
+
+from ..placeholders import PlaceholderFinder
+from ..placeholders import install as install_finder
 
 STUBBED = ("vllm", "deepspeed")
 
 
-class _Placeholders(types.ModuleType):
-    """A module in which every public attribute is a placeholder class, made on first use."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name == "MambaSpec":
-            value: type = dataclasses.make_dataclass(name, [("dtypes", tuple, ())])
-        else:
-            value = type(name, (), {"__init__": lambda self, *args, **kwargs: None})
-        value.__module__ = self.__name__
-        setattr(self, name, value)
-        return value
-
-
-class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname.partition(".")[0] in STUBBED:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = _Placeholders(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        pass
+def _special(module: str, name: str) -> Any:
+    """`MambaSpec` is a dataclass with a `dtypes` field (vllm_utils edits that field at import)."""
+    if name == "MambaSpec":
+        return dataclasses.make_dataclass(name, [("dtypes", tuple, ())])
+    return NotImplemented
 
 
 def install() -> None:
     """Put the placeholder finder first on the import path (once)."""
-    if not any(isinstance(finder, _PlaceholderFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PlaceholderFinder())
+    install_finder(PlaceholderFinder(STUBBED, special=_special))
