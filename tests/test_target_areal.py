@@ -1,6 +1,9 @@
-"""Real AReaL (PyPI `areal`, its remote SGLang engine and RLVR workflow) against the bench server."""
+"""Real AReaL (PyPI `areal`): its remote SGLang engine with the RLVR workflow (rlvr-500) and a tool agent on
+ArealOpenAI (agentic-500), against the bench server."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 
@@ -51,3 +54,83 @@ def test_areal_retries_seed_002s_server_errors_and_resets_and_keeps_every_episod
     requests = {t: sum(q.trajectory == t for q in result.requests) for t in hit}
     assert all(count >= 2 for count in requests.values()), requests  # retried, not lucky
     assert result.violations == [], [v.message for v in result.violations]
+
+
+# --- AReaL's agentic path (`workflow=agent`: a tool agent on ArealOpenAI, concat export) on agentic-500 ---
+# Fault decisions are a pure function of (plan seed, rule, trajectory, turn, attempt) and every request names
+# its trajectory, so a group does here what it does in the 500-trajectory run. Under seed-004, group g00000:
+# g00000-1 loses its logprobs at turn 1, g00000-2's turn 2 becomes a 60000-byte tool call, g00000-3 is
+# aborted at turn 14 (after 10 tokens). g00001-3 reaches turn 20 with 6233 input tokens: 1959 left.
+GROUP = [f"g00000-{m}" for m in range(4)]
+NEAR_FULL = "g00001-3"
+
+
+def _agent(plan, trajectories: list[str], **options):  # type: ignore[no-untyped-def]
+    result = run_blocking(RunConfig(trace="agentic-500", target="areal", plan=plan, trajectories=trajectories,
+                                    python=AREAL_PYTHON, target_options=options))
+    print(f"areal agent {options}: {Counter(r.outcome for r in result.records)}, "
+          f"violations {Counter(v.invariant for v in result.violations)}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def capped():  # type: ignore[no-untyped-def]
+    """No fault; the client capped at the context (`engine_max_tokens`, as AReaL's tau2 config sets it)."""
+    return _agent(plan_from_specs(["latency:ms=1,p=1"], seed=0), GROUP + [NEAR_FULL], engine_max_tokens=8192)
+
+
+@pytest.fixture(scope="module")
+def seed_004():  # type: ignore[no-untyped-def]
+    return _agent(resolve_plan("seed-004"), GROUP, engine_max_tokens=8192)
+
+
+def test_areal_agent_trains_on_whole_conversations_with_tool_outputs_under_mask_0(capped) -> None:  # type: ignore[no-untyped-def]
+    assert capped.violations == [], [v.message for v in capped.violations]
+    assert {r.outcome for r in capped.records} == {"completed"} and len(capped.records) == 5
+    assert set(capped.provenance.values()) == {"match (tokens+logprobs)"}
+    assert all(r.drift is None and r.status == 200 for r in capped.requests if r.endpoint == "/generate")
+    for record in capped.records:
+        served = [q for q in capped.requests if q.trajectory == record.trajectory and q.endpoint == "/generate"]
+        assert record.details is not None and record.details["turns"] == len(served) > 1
+        assert record.details["leaves"] == 1 and record.details["rows"] == 1  # one linear conversation
+        trained = sum(record.loss_mask)
+        assert trained == sum(q.completion_tokens or 0 for q in served)  # every turn's output, and only those
+        assert 0 < record.response_length - trained  # the tool outputs (and chat markup) are there, under 0
+        assert len(record.logprobs or []) == len(record.loss_mask) == len(record.response_ids)
+        assert all(lp == 0.0 for lp, m in zip(record.logprobs or [], record.loss_mask) if not m)
+
+
+def test_areal_agent_without_a_context_cap_asks_past_the_context_and_drops_the_episode() -> None:
+    """AReaL's defaults (no `engine_max_tokens`; `max_tokens` 32768) never clamp a turn to the server's
+    context: turn 20 of g00001-3 asks for 6233 + 2048 tokens of 8192, is refused, retried, and the
+    episode is dropped. With the cap (the `capped` run) the same trajectory completes."""
+    result = _agent(plan_from_specs(["latency:ms=1,p=1"], seed=0), [NEAR_FULL])
+    (record,) = result.records
+    assert record.outcome == "failed" and record.error is not None
+    assert "Failed after 3 retries" in record.error.message
+    (violation,) = [v for v in result.violations if v.invariant == "context_budget"]
+    assert violation.trajectory == NEAR_FULL and "turn 20" in violation.message
+    assert "6233 input + 2048 new tokens" in violation.message
+    refused = [q for q in result.requests if q.trajectory == NEAR_FULL and q.status == 400]
+    assert len(refused) == 3 and {q.turn for q in refused} == {20}  # AReaL's three attempts
+
+
+def test_areal_agent_under_seed_004_drops_what_it_cannot_train_on_and_resumes_the_abort(seed_004) -> None:  # type: ignore[no-untyped-def]
+    by_id = {r.trajectory: r for r in seed_004.records}
+    fired = {(e.rule, e.trajectory, e.turn) for e in seed_004.fault_events}
+    assert fired == {("text-without-logprobs", "g00000-1", 1), ("huge-tool-output", "g00000-2", 2),
+                     ("aborted-then-retried", "g00000-3", 14)}
+    # an answer without logprobs: AReaL's engine reads meta_info["output_token_logprobs"] and the episode fails
+    lost_logprobs = by_id["g00000-1"]
+    assert lost_logprobs.outcome == "failed" and lost_logprobs.error is not None
+    assert lost_logprobs.error.type == "KeyError" and "sglang_remote.py" in lost_logprobs.error.traceback
+    # the 60000-byte tool output: AReaL runs the tool, then its engine refuses the prompt before sending it
+    huge = by_id["g00000-2"]
+    assert huge.outcome == "failed" and huge.error is not None and huge.error.type == "ValueError"
+    assert "exceeds max_total_tokens 8192" in huge.error.message
+    assert max(q.turn or 0 for q in seed_004.requests if q.trajectory == "g00000-2") == 2  # never sent
+    # the abort: AReaL's agenerate resumes it and the episode trains on exactly the tokens served
+    aborted = by_id["g00000-3"]
+    assert aborted.outcome == "completed" and seed_004.provenance["g00000-3"] == "match (tokens+logprobs)"
+    assert by_id["g00000-0"].outcome == "completed"
+    assert seed_004.violations == [], [v.message for v in seed_004.violations]
