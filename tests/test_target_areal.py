@@ -9,7 +9,9 @@ import pytest
 
 from bench import RunConfig, run_blocking
 from bench.targets.frameworks.envs import target_python
+from bench.tokenizer import load_tokenizer
 from faults import plan_from_specs, resolve_plan
+from faults.hooks import POISON_MARKER
 
 AREAL_PYTHON = target_python("areal")
 pytestmark = pytest.mark.skipif(AREAL_PYTHON is None, reason="the areal environment is not built (make targets)")
@@ -134,3 +136,18 @@ def test_areal_agent_under_seed_004_drops_what_it_cannot_train_on_and_resumes_th
     assert aborted.outcome == "completed" and seed_004.provenance["g00000-3"] == "match (tokens+logprobs)"
     assert by_id["g00000-0"].outcome == "completed"
     assert seed_004.violations == [], [v.message for v in seed_004.violations]
+
+
+def test_areal_agent_trains_on_text_after_a_tool_call_that_its_reward_never_sees() -> None:
+    """Seed 000 on the agent path: the poison follows g00120-3's first tool call. AReaL's tool-call parser
+    (sglang's Qwen25Detector, AReaL's default `qwen`) keeps only the text before the first `<tool_call>` as
+    `message.content`, so the agent and its reward never read it and nothing raises; the sample trains on
+    the reply's tokens, the poison's included (loss mask 1)."""
+    result = _agent(resolve_plan("seed-000"), ["g00120-3"], engine_max_tokens=8192)
+    (event,) = result.fault_events
+    assert (event.trajectory, event.turn, event.reach) == ("g00120-3", 0, "not consumed")
+    (record,) = result.records
+    assert record.outcome == "completed" and record.error is None
+    assert result.provenance["g00120-3"] == "match (tokens+logprobs)"
+    trained = [token for token, mask in zip(record.response_ids, record.loss_mask) if mask]
+    assert POISON_MARKER in load_tokenizer().decode(trained)
