@@ -39,12 +39,18 @@ def test_areal_drops_an_episode_without_logprobs_naming_the_keyerror() -> None:
     assert [v.invariant for v in result.violations] == []
 
 
-def test_areal_keeps_retrying_the_routers_terminal_no_workers_answer() -> None:
-    """Seed 003's outage on AReaL: its engine retries every error, the router's 'all circuits open' too."""
+def test_areal_retries_the_routers_terminal_no_workers_answer_twice_then_drops_the_episode() -> None:
+    """Seed 003's outage on AReaL: its engine retries every error, the router's "No available workers" 503
+    too, three attempts 1 s apart (`arequest_with_retry`, `request_retries` 3), then drops the episode: two
+    requests after the terminal answer, within the bench's bound. (Identified by arrival order, before the
+    adapter named trajectories, the four members' retries were all put on one member: "9 requests".)"""
     result = _run(resolve_plan("seed-003"), n=8)
-    storms = [v for v in result.violations if v.invariant == "retry_discipline"]
-    assert storms and all(r.outcome == "failed" for r in result.records)
-    assert any("kept retrying a terminal error" in v.message for v in storms)
+    assert all(r.outcome == "failed" and r.error is not None and "Failed after 3 retries" in r.error.message
+               for r in result.records) and len(result.records) == 8
+    sent = Counter(q.trajectory for q in result.requests if q.endpoint == "/generate")
+    assert set(sent.values()) == {3} and len(sent) == 8
+    assert all(q.status == 503 and not q.by_order for q in result.requests if q.endpoint == "/generate")
+    assert [v for v in result.violations if v.invariant == "retry_discipline"] == []
 
 
 def test_areal_retries_seed_002s_server_errors_and_resets_and_keeps_every_episode() -> None:

@@ -102,6 +102,8 @@ class ToolAgentWorkflow(RolloutWorkflow):
         client.set_last_reward(float(reward))
         exported = client.export_interactions(style=EXPORT_STYLE)
         self.episodes.leaves[index] = list(exported.values())
+        for leaf in exported.values():  # AReaL's executor converts them next (cached): an error it would raise
+            leaf.to_tensor_dict()       # there (a null logprob in `torch.tensor`) is raised here, and noted
         return exported
 
 
