@@ -3,6 +3,7 @@ ArealOpenAI (agentic-500), against the bench server."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -157,3 +158,15 @@ def test_areal_agent_trains_on_text_after_a_tool_call_that_its_reward_never_sees
     assert result.provenance["g00120-3"] == "match (tokens+logprobs)"
     trained = [token for token, mask in zip(record.response_ids, record.loss_mask) if mask]
     assert POISON_MARKER in load_tokenizer().decode(trained)
+
+
+def test_areal_agent_trains_on_a_nan_logprob_and_no_invariant_objects() -> None:
+    """A NaN logprob in the answer is kept as AReaL read it (`torch.tensor` takes NaN; a null it refuses, see
+    chaos) and trained on under loss mask 1. Provenance accepts it: NaN served is "none shown", and NaN held
+    matches it. Recorded as what AReaL does; no invariant asks for finite trained logprobs."""
+    result = _agent(plan_from_specs(["nan_logprob:p=1,trajectories=g00000-0,turns=1"], seed=0), ["g00000-0"],
+                    engine_max_tokens=8192)
+    (record,) = result.records
+    assert [(e.fault, e.turn) for e in result.fault_events] == [("nan_logprob", 1)]
+    assert record.outcome == "completed" and result.violations == []
+    assert sum(1 for lp, m in zip(record.logprobs or [], record.loss_mask) if m and math.isnan(lp)) == 1
