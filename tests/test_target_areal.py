@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 import pytest
 
-from bench import RunConfig, run_blocking
+from bench import RunConfig, RunResult, run_blocking
 from bench.targets.frameworks.envs import target_python
 from bench.tokenizer import load_tokenizer
-from faults import plan_from_specs, resolve_plan
+from faults import Plan, plan_from_specs, resolve_plan
 from faults.hooks import POISON_MARKER
 
 AREAL_PYTHON = target_python("areal")
@@ -74,7 +75,7 @@ GROUP = [f"g00000-{m}" for m in range(4)]
 NEAR_FULL = "g00001-3"
 
 
-def _agent(plan, trajectories: list[str], **options):  # type: ignore[no-untyped-def]
+def _agent(plan: Plan, trajectories: list[str], **options: Any) -> RunResult:
     result = run_blocking(RunConfig(trace="agentic-500", target="areal", plan=plan, trajectories=trajectories,
                                     python=AREAL_PYTHON, target_options=options))
     print(f"areal agent {options}: {Counter(r.outcome for r in result.records)}, "
@@ -83,17 +84,17 @@ def _agent(plan, trajectories: list[str], **options):  # type: ignore[no-untyped
 
 
 @pytest.fixture(scope="module")
-def capped():  # type: ignore[no-untyped-def]
+def capped() -> RunResult:
     """No fault; the client capped at the context (`engine_max_tokens`, as AReaL's tau2 config sets it)."""
     return _agent(plan_from_specs(["latency:ms=1,p=1"], seed=0), GROUP + [NEAR_FULL], engine_max_tokens=8192)
 
 
 @pytest.fixture(scope="module")
-def seed_004():  # type: ignore[no-untyped-def]
+def seed_004() -> RunResult:
     return _agent(resolve_plan("seed-004"), GROUP, engine_max_tokens=8192)
 
 
-def test_areal_agent_trains_on_whole_conversations_with_tool_outputs_under_mask_0(capped) -> None:  # type: ignore[no-untyped-def]
+def test_areal_agent_trains_on_whole_conversations_with_tool_outputs_under_mask_0(capped: RunResult) -> None:
     assert capped.violations == [], [v.message for v in capped.violations]
     assert {r.outcome for r in capped.records} == {"completed"} and len(capped.records) == 5
     assert set(capped.provenance.values()) == {"match (tokens+logprobs)"}
@@ -124,7 +125,7 @@ def test_areal_agent_without_a_context_cap_asks_past_the_context_and_drops_the_e
     assert len(refused) == 3 and {q.turn for q in refused} == {20}  # AReaL's three attempts
 
 
-def test_areal_agent_under_seed_004_drops_what_it_cannot_train_on_and_resumes_the_abort(seed_004) -> None:  # type: ignore[no-untyped-def]
+def test_areal_agent_under_seed_004_drops_what_it_cannot_train_on_and_resumes_the_abort(seed_004: RunResult) -> None:
     by_id = {r.trajectory: r for r in seed_004.records}
     fired = {(e.rule, e.trajectory, e.turn) for e in seed_004.fault_events}
     assert fired == {("text-without-logprobs", "g00000-1", 1), ("huge-tool-output", "g00000-2", 2),
