@@ -16,7 +16,7 @@ from bench.invariants import Bounds, RunView, check_all
 from bench.invariants.churn import measure_churn
 from bench.records.request_log import RequestRecord
 from bench.targets.reference.scheduler import MAX_RESCHEDULES
-from faults import resolve_plan
+from faults import FaultEvent, resolve_plan
 
 GROUPS, SIZE = 125, 4  # rlvr-500
 
@@ -112,3 +112,29 @@ def test_a_raised_batch_leaves_its_lost_trajectories_out() -> None:
     returned = _view(records, requests)
     assert measure_churn(returned).resends == 36
     assert [v.evidence["resends"] for v in check_all(returned, ["retry_discipline"]) if v.trajectory is None] == [36]
+
+
+def _outage(trajectory: str, turn: int, attempt: int) -> FaultEvent:
+    return FaultEvent("router-outage", "outage", trajectory, "m", turn, attempt, "/generate", "", 0.0, "503")
+
+
+def test_a_multi_turn_trajectory_that_got_through_an_outage_is_not_retrying_into_it() -> None:
+    """One 503 "No available workers", a retry that succeeds, then ten more turns: the later turns are the
+    conversation going on, not retries into a dead fleet (AReaL's agent through seed-003's outage). The same
+    trajectory retrying three times into the outage without a success is the terminal violation."""
+    records = [SampleRecord("m-0", "m", "completed")]
+    turns = [RequestRecord(0.0, "/generate", trajectory="m-0", group="m", turn=t, attempt=1, status=200,
+                           prompt_tokens=100 + t) for t in range(1, 11)]
+
+    def view(statuses: list[int]) -> RunView:
+        first = [RequestRecord(0.0, "/generate", trajectory="m-0", group="m", turn=0, attempt=i + 1, status=s,
+                               prompt_tokens=10) for i, s in enumerate(statuses)]
+        events = [_outage("m-0", 0, i + 1) for i, s in enumerate(statuses) if s == 503]
+        return RunView(records, first + (turns if statuses[-1] == 200 else []), events, None, {"m-0": "m"}, 4096,
+                       False)
+
+    assert check_all(view([503, 200]), ["retry_discipline"]) == []
+    assert check_all(view([503, 503, 200]), ["retry_discipline"]) == []  # two after it: the bound
+    [violation] = check_all(view([503, 503, 503, 503]), ["retry_discipline"])
+    assert violation.message.startswith("kept retrying a terminal error: 3 requests after")
+    assert violation.evidence["terminal_answers"] == 4 and violation.evidence["requests_after_terminal"] == 3

@@ -10,7 +10,9 @@ Two checks over the server's request log (joined with the fault log), per trajec
   its new turns is longer, so they are not mistaken for retries.
 - terminal: once the trajectory got a terminal answer (a 503 carrying a `router_no_workers` or
   `outage` fault: "No available workers"), at most `bounds.max_requests_after_terminal` further
-  requests are sent for it. Retrying into a dead fleet is what turns an outage into churn.
+  requests are sent for it before one succeeds. Retrying into a dead fleet is what turns an outage
+  into churn; once a request succeeds the fleet is back, and a multi-turn client's next turns are
+  progress, not retries (a later terminal answer is judged on its own).
 
 An outage event whose answer another rule replaced (a 429 fired on the same attempt) is not a
 terminal answer: the logged status of that request tells which answer the client saw.
@@ -83,18 +85,43 @@ def check(view: RunView) -> list[Violation]:
                     and (trajectory, r.turn or 0, r.attempt) in terminal_keys]
         if not terminal:
             continue
-        first = requests[terminal[0]]
-        after = requests[terminal[0] + 1:]
+        start, after = _worst_terminal_streak(requests, terminal)
+        first = requests[start]
         if len(after) > limit:
             out.append(Violation(
                 NAME, trajectory,
-                f"kept retrying a terminal error: {len(after)} requests after the first no-available-workers "
-                f"answer, {len(terminal)} such answers in all (bound {limit} after it)",
+                f"kept retrying a terminal error: {len(after)} requests after a no-available-workers answer "
+                f"before one succeeded, {len(terminal)} such answers in all (bound {limit} after it)",
                 {"terminal_answers": len(terminal), "requests_after_terminal": len(after), "bound": limit,
                  "first_terminal": {"turn": first.turn, "attempt": first.attempt},
                  "statuses_after": _statuses(after), "outcome": outcomes.get(trajectory)},
                 preceding(view, trajectory)))
     return out + _batch_churn(view)
+
+
+def _worst_terminal_streak(requests: list[RequestRecord], terminal: list[int]) -> tuple[int, list[RequestRecord]]:
+    """The terminal answer followed by the most requests before the trajectory's next success, and those requests.
+
+    A success (2xx) ends the streak: the fleet answered, and what a multi-turn client sends next is its next
+    turn, not a retry into a dead fleet. A later terminal answer starts a streak of its own."""
+    best: tuple[int, list[RequestRecord]] = (terminal[0], [])
+    pending = set(terminal)
+    index = 0
+    while index < len(requests):
+        if index not in pending:
+            index += 1
+            continue
+        streak: list[RequestRecord] = []
+        following = index + 1
+        while following < len(requests):
+            streak.append(requests[following])
+            if 200 <= (requests[following].status or 0) < 300:
+                break
+            following += 1
+        if len(streak) > len(best[1]):
+            best = (index, streak)
+        index = following + 1
+    return best
 
 
 def _batch_churn(view: RunView) -> list[Violation]:

@@ -1,12 +1,23 @@
 """`areal`: AReaL's real rollout path (PyPI `areal`), in its own environment, against the bench server.
 
 AReaL's `RemoteSGLangEngine` connects to the bench as to an SGLang server (one `GET /health`, then
-`/generate` with input ids and logprobs), and its executor runs the real `RLVRWorkflow` per trajectory:
-the prompt rendered from the trace's messages by AReaL's own chat-template call, the reward computed in
-AReaL's process pool (`rewards.score`, which honours `raise_after_generate`), the result a dict of
-`[1, L]` tensors. What the adapter adds is bookkeeping only, in a subclass that keeps AReaL's code: which
-trajectory each result belongs to, the response's finish reason and versions, and the error a workflow
-raised (AReaL logs it and hands back None).
+`/generate` with input ids and logprobs), and its executor runs one workflow episode per trajectory
+(`submit`, then `wait`). Two workflows, chosen by `--target-option workflow=...` (default: `agent` when
+the trajectories carry tools, else `rlvr`):
+
+- `rlvr`: the real `RLVRWorkflow` (single turn): the prompt rendered from the trace's messages by AReaL's
+  own chat-template call, the reward computed in AReaL's process pool (`rewards.score`, which honours
+  `raise_after_generate`), the result a dict of `[1, L]` tensors. A subclass keeps AReaL's code and adds
+  bookkeeping only: which trajectory each result belongs to, the response's finish reason and versions,
+  and the error a workflow raised (AReaL logs it and hands back None).
+- `agent`: AReaL's agentic path, a tool-calling agent on `ArealOpenAI` whose interactions AReaL exports
+  and turns into tensors (`agent.py`): multi-turn, tools replayed from the trace, tool outputs under loss
+  mask 0. Options: `engine_max_tokens` (AReaL's `AgentConfig.engine_max_tokens`, default None as in
+  AReaL: no prompt + completion cap in the client), `tool_call_parser` (default `qwen`, AReaL's).
+
+Every request names its trajectory (`X-Bench-Trajectory`, `naming.py`), so fault decisions are exact.
+A sample's response ids, logprobs and loss mask are AReaL's tensors (the workflow's result, or for
+`agent` what AReaL's executor handed its `should_accept_fn`), never rebuilt from the trace.
 
 Variant: `plain` (AReaL as shipped; no seed pattern of its own). The engine's per-token `versions` are
 AReaL's own weight counter, not the server's `weight_version`: they go to `details`, not `weight_versions`.
@@ -17,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -26,8 +38,17 @@ from bench.targets.base import Emit, RolloutJob, TrajectorySpec
 from . import rewards
 
 VARIANTS = ("plain",)
+WORKFLOWS = ("rlvr", "agent")
 DISTRIBUTION = "areal"
-INDEX_KEY, REWARD_KEY = "bench_index", "bench_reward"
+INDEX_KEY, REWARD_KEY, TRAJECTORY_KEY = "bench_index", "bench_reward", "bench_trajectory"
+
+
+def workflow_of(job: RolloutJob) -> str:
+    """The `workflow` option, else `agent` for trajectories with tools and `rlvr` for the rest."""
+    chosen = job.options.get("workflow") or ("agent" if any(spec.tools for spec in job.trajectories) else "rlvr")
+    if chosen not in WORKFLOWS:
+        raise ValueError(f"areal option workflow={chosen!r}: expected one of {', '.join(WORKFLOWS)}")
+    return str(chosen)
 
 
 class ArealTarget:
@@ -43,6 +64,7 @@ class ArealTarget:
         """torch, transformers and AReaL's engine (seconds); no thread or pool starts before the job."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import areal.engine.sglang_remote  # noqa: F401
+        import areal.experimental.openai  # noqa: F401
         import areal.workflow.rlvr  # noqa: F401
 
     def framework_info(self) -> dict[str, str]:
@@ -54,12 +76,13 @@ class ArealTarget:
 
     def _rollout(self, job: RolloutJob) -> list[SampleRecord]:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+        from areal.api.cli_args import InferenceEngineConfig
         from areal.engine.sglang_remote import RemoteSGLangEngine
         from transformers import AutoTokenizer
 
-        from .workflow import Episodes, bench_workflow
+        from .workflow import Episodes
 
+        workflow = workflow_of(job)
         tokenizer = AutoTokenizer.from_pretrained(str(job.tokenizer_path))
         config = InferenceEngineConfig(backend="sglang:d1", tokenizer_path=str(job.tokenizer_path),
                                        max_concurrent_rollouts=job.concurrency, consumer_batch_size=1,
@@ -69,30 +92,72 @@ class ArealTarget:
         engine.initialize(addr=f"{address.hostname}:{address.port}")
         episodes = Episodes()
         try:
-            workflows: dict[tuple[int, float], Any] = {}  # one per recorded (max_new_tokens, temperature)
-            for index, spec in enumerate(job.trajectories):
-                key = (int(spec.sampling_params.get("max_new_tokens", 256)),
-                       float(spec.sampling_params.get("temperature", 1.0)))
-                if key not in workflows:
-                    gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=key[0], temperature=key[1])
-                    workflows[key] = bench_workflow(rewards.PATH, gconfig, tokenizer, episodes)
-                engine.submit({"messages": spec.messages, INDEX_KEY: index, REWARD_KEY: 1.0}, workflows[key])
+            submit = _submit_agent if workflow == "agent" else _submit_rlvr
+            submit(engine, job, tokenizer, episodes)
             results = engine.wait(len(job.trajectories), timeout=None)
         finally:
             engine.destroy()
-        returned = {int(result[INDEX_KEY].item()): result for result in results if result is not None}
         framework = f"areal {importlib.metadata.version(DISTRIBUTION)}"
+        if workflow == "agent":
+            return [_agent_record(spec, episodes, index, framework) for index, spec in enumerate(job.trajectories)]
+        returned = {int(result[INDEX_KEY].item()): result for result in results if result is not None}
         return [_record(spec, returned.get(index), episodes, index, framework)
                 for index, spec in enumerate(job.trajectories)]
+
+
+def _submit_rlvr(engine: Any, job: RolloutJob, tokenizer: Any, episodes: Any) -> None:
+    from areal.api.cli_args import GenerationHyperparameters
+
+    from .workflow import bench_workflow
+
+    workflows: dict[tuple[int, float], Any] = {}  # one per recorded (max_new_tokens, temperature)
+    for index, spec in enumerate(job.trajectories):
+        key = _sampling(spec)
+        if key not in workflows:
+            gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=key[0], temperature=key[1])
+            workflows[key] = bench_workflow(rewards.PATH, gconfig, tokenizer, episodes)
+        engine.submit({"messages": spec.messages, INDEX_KEY: index, TRAJECTORY_KEY: spec.id, REWARD_KEY: 1.0},
+                      workflows[key])
+
+
+def _submit_agent(engine: Any, job: RolloutJob, tokenizer: Any, episodes: Any) -> None:
+    from bench.targets.recorded_tools import RecordedTools
+
+    from .agent import AgentSettings, ToolAgentWorkflow, agent_data
+
+    tools = RecordedTools.load(Path(job.options["trace"]), job.trajectories) if job.options.get("trace") \
+        else RecordedTools({}, {})
+    limit = job.options.get("engine_max_tokens")
+    workflows: dict[tuple[int, float], Any] = {}
+    for index, spec in enumerate(job.trajectories):
+        if not spec.messages or not spec.tools:
+            raise ValueError(f"areal workflow=agent: trajectory {spec.id} has no prompt messages and tools "
+                             "(an agentic trace has both; use workflow=rlvr for single-turn traces)")
+        key = _sampling(spec)
+        if key not in workflows:
+            settings = AgentSettings(max_completion_tokens=key[0], temperature=key[1],
+                                     engine_max_tokens=None if limit is None else int(limit),
+                                     tool_call_parser=str(job.options.get("tool_call_parser", "qwen")))
+            workflows[key] = ToolAgentWorkflow(rewards.PATH, tokenizer, tools, settings, episodes)
+        engine.submit(agent_data(index, spec, tools.rewards.get(spec.id)), workflows[key],
+                      should_accept_fn=episodes.accept(index))
+
+
+def _sampling(spec: TrajectorySpec) -> tuple[int, float]:
+    return (int(spec.sampling_params.get("max_new_tokens", 256)), float(spec.sampling_params.get("temperature", 1.0)))
+
+
+def _failed(spec: TrajectorySpec, episodes: Any, index: int, framework: str) -> SampleRecord:
+    error = episodes.errors.get(index) or ErrorInfo("Rejected", "AReaL returned no episode (None)", "")
+    return SampleRecord(spec.id, spec.group, "failed", status="None", prompt_length=len(spec.prompt_ids),
+                        error=error, details={"framework": framework})
 
 
 def _record(spec: TrajectorySpec, result: dict[str, Any] | None, episodes: Any, index: int,
             framework: str) -> SampleRecord:
     """One trajectory's sample: AReaL's tensors, or the error its workflow raised (AReaL returned None)."""
     if result is None:
-        error = episodes.errors.get(index) or ErrorInfo("Rejected", "AReaL returned no episode (None)", "")
-        return SampleRecord(spec.id, spec.group, "failed", status="None", prompt_length=len(spec.prompt_ids),
-                            error=error, details={"framework": framework})
+        return _failed(spec, episodes, index, framework)
     ids = result["input_ids"][0].tolist()
     mask = result["loss_mask"][0].tolist()
     prompt_length = mask.index(1) if 1 in mask else len(mask)
@@ -104,3 +169,37 @@ def _record(spec: TrajectorySpec, result: dict[str, Any] | None, episodes: Any, 
                         loss_mask=mask[prompt_length:], response_length=len(response),
                         reward=float(result["rewards"][0].item()),
                         details={"framework": framework, "versions": versions})
+
+
+def _agent_record(spec: TrajectorySpec, episodes: Any, index: int, framework: str) -> SampleRecord:
+    """One agent episode's sample: the tensors AReaL's executor made of its exported leaf.
+
+    The prompt is the first turn's input as AReaL sent it (the root interaction's `input_len`); the rest of
+    the row is the response: every turn's output (loss mask 1) and tool messages (0), as AReaL laid them out.
+    """
+    result = episodes.accepted.get(index)
+    leaves = episodes.leaves.get(index) or []
+    if result is None or not leaves:
+        return _failed(spec, episodes, index, framework)
+    rows = int(result["input_ids"].shape[0])
+    row = rows - 1  # concat export: one leaf per linear conversation; more is itself a finding (details)
+    length = int(result["attention_mask"][row].sum().item())
+    ids = result["input_ids"][row].tolist()[:length]
+    mask = result["loss_mask"][row].tolist()[:length]
+    logprobs = result["logprobs"][row].tolist()[:length]
+    leaf = leaves[-1]
+    root = leaf
+    turns = 1
+    while root.parent is not None:
+        root, turns = root.parent, turns + 1
+    prompt_length = root.model_response.input_len
+    last = leaf.model_response
+    outcome = "truncated" if last.stop_reason == "length" else "completed"
+    return SampleRecord(spec.id, spec.group, outcome, status=last.stop_reason, prompt_length=prompt_length,
+                        response_ids=ids[prompt_length:], logprobs=logprobs[prompt_length:],
+                        loss_mask=mask[prompt_length:], response_length=length - prompt_length,
+                        reward=float(result["rewards"][row].item()),
+                        details={"framework": framework, "workflow": "agent", "export": "concat",
+                                 "leaves": len(leaves), "rows": rows, "turns": turns,
+                                 "versions": sorted({v for v, m in zip(result["versions"][row].tolist()[:length], mask)
+                                                     if m})})  # AReaL's weight counter on trained tokens
