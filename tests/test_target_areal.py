@@ -161,13 +161,16 @@ def test_areal_agent_trains_on_text_after_a_tool_call_that_its_reward_never_sees
     assert POISON_MARKER in load_tokenizer().decode(trained)
 
 
-def test_areal_agent_trains_on_a_nan_logprob_and_no_invariant_objects() -> None:
+def test_areal_agent_trains_on_a_nan_logprob_and_token_alignment_names_it() -> None:
     """A NaN logprob in the answer is kept as AReaL read it (`torch.tensor` takes NaN; a null it refuses, see
-    chaos) and trained on under loss mask 1. Provenance accepts it: NaN served is "none shown", and NaN held
-    matches it. Recorded as what AReaL does; no invariant asks for finite trained logprobs."""
+    chaos) and trained on under loss mask 1: one NaN makes the batch's loss NaN. Provenance accepts it (NaN
+    served is "none shown", and NaN held matches it); token_alignment names the trained NaN and the fault."""
     result = _agent(plan_from_specs(["nan_logprob:p=1,trajectories=g00000-0,turns=1"], seed=0), ["g00000-0"],
                     engine_max_tokens=8192)
     (record,) = result.records
     assert [(e.fault, e.turn) for e in result.fault_events] == [("nan_logprob", 1)]
-    assert record.outcome == "completed" and result.violations == []
+    assert record.outcome == "completed"
     assert sum(1 for lp, m in zip(record.logprobs or [], record.loss_mask) if m and math.isnan(lp)) == 1
+    (violation,) = result.violations
+    assert violation.invariant == "token_alignment" and "non-finite logprob" in violation.message
+    assert violation.evidence["count"] == 1 and violation.fault is not None and violation.fault["fault"] == "nan_logprob"

@@ -1,6 +1,10 @@
-"""Token alignment: response ids, logprobs, loss mask and response length agree; no zero-filled logprobs."""
+"""Token alignment: response ids, logprobs, loss mask and response length agree; no zero-filled logprobs, and no
+trained token (loss mask 1) whose logprob is not a finite number: one NaN makes the importance ratio, and so
+the whole batch's loss, NaN."""
 
 from __future__ import annotations
+
+import math
 
 from .base import RunView, Violation, preceding
 
@@ -25,4 +29,17 @@ def check(view: RunView) -> list[Violation]:
         elif record.logprobs and len(record.logprobs) > 1 and all(lp == 0.0 for lp in record.logprobs):
             out.append(Violation(NAME, record.trajectory, "logprobs are all exactly 0.0 (zero-filled)",
                                  {"logprobs": len(record.logprobs)}, preceding(view, record.trajectory, record)))
+        elif record.logprobs and record.outcome != "aborted":
+            bad = [i for i, (lp, trained) in enumerate(zip(record.logprobs, record.loss_mask))
+                   if trained and not _finite(lp)]
+            if bad:
+                out.append(Violation(
+                    NAME, record.trajectory,
+                    f"trains on {len(bad)} non-finite logprob(s) ({record.logprobs[bad[0]]} at response position "
+                    f"{bad[0]})", {"positions": bad[:20], "count": len(bad), "first": repr(record.logprobs[bad[0]])},
+                    preceding(view, record.trajectory, record)))
     return out
+
+
+def _finite(logprob: object) -> bool:
+    return isinstance(logprob, (int, float)) and math.isfinite(logprob)
