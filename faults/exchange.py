@@ -83,10 +83,19 @@ class Exchange:
             self.logprob_entries = list(zip(logprobs, self.generation.output_ids))
         return self.logprob_entries
 
-    def set_output(self, ids: list[int], text: str, finish: dict | None) -> None:
-        """Replace what the model said (ids, text, finish reason), with fresh logprobs."""
+    def set_output(self, ids: list[int], text: str, finish: dict | None) -> str:
+        """Replace what the model said (ids, text, finish reason), with fresh logprobs. A model never says more
+        than the request's `max_new_tokens`: a longer replacement is cut there, finish `length`, as an engine
+        would stop it. Returns "" or, when it was cut, a note for the fault log."""
+        limit = self.generation.max_new_tokens
+        note = ""
+        if limit is not None and len(ids) > limit:
+            note = f" (cut at the request's max_new_tokens {limit} of {len(ids)} tokens)"
+            ids, finish = ids[:limit], {"type": "length", "length": limit}
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
         self.generation.output_ids = ids
         self.generation.text = text
         self.generation.finish_reason = finish
         self.generation.logprobs = [-round(0.05 + self.rng.random(), 4) for _ in ids]
         self.logprob_entries = None
+        return note

@@ -472,6 +472,20 @@ def test_oversized_tool_output_runs_to_exactly_n_bytes(bench: Bench, stream: boo
     assert len(output) > bench.thread.context.config.context_length  # one byte is at least a token's worth
 
 
+@pytest.mark.parametrize("spec", ["oversized_tool_output:bytes=60000", "raise_after_generate"])
+def test_a_replaced_answer_keeps_to_the_requests_max_new_tokens(bench: Bench, spec: str) -> None:
+    """A model never says more than it was allowed: a fault's replacement output longer than `max_new_tokens`
+    is cut there with finish `length` (an engine stops it), and the fault log says so."""
+    limit = 5
+    raw = send(bench, spec, stream=False, sampling_params={"max_new_tokens": limit, "stop_token_ids": [EOS]})
+    final = _final(raw)
+    assert len(final["output_ids"]) == limit == final["meta_info"]["completion_tokens"]
+    assert final["meta_info"]["finish_reason"] == {"type": "length", "length": limit}
+    assert len(final["meta_info"]["output_token_logprobs"]) == limit
+    (event,) = [e for e in bench.thread.context.faults.log.events if e.trajectory == raw.trajectory.id]
+    assert f"cut at the request's max_new_tokens {limit} of" in event.change
+
+
 @STREAM
 def test_raise_after_generate_poisons_a_valid_reply(bench: Bench, stream: bool) -> None:
     raw = send(bench, "raise_after_generate", stream=stream)

@@ -701,10 +701,19 @@ def test_zero_token_answers(vllm: ServerThread, fault: str, finish: str) -> None
 
 
 def test_raise_after_generate_poisons_the_text(vllm: ServerThread) -> None:
+    """The marker is whole when the request allows it (the reply's own words make room for it); a request
+    allowing fewer tokens than the marker takes gets what fits, finish `length`, never more."""
     trajectory = fresh()
     with fires(vllm, "raise_after_generate", trajectory):
-        resp = chat(vllm, trajectory, "raise_after_generate")
+        resp = client(vllm.url).chat.completions.create(
+            model="mock-model", messages=trajectory.prompt.messages, logprobs=True, max_completion_tokens=24,
+            extra_body={"return_token_ids": True}, extra_headers=headers(trajectory, "raise_after_generate"))
     assert POISON_MARKER in resp.choices[0].message.content and resp.choices[0].finish_reason == "stop"
+    assert resp.usage.completion_tokens <= 24
+    short = fresh()
+    with fires(vllm, "raise_after_generate", short):
+        resp = chat(vllm, short, "raise_after_generate")
+    assert resp.choices[0].finish_reason == "length" and resp.usage.completion_tokens == LIMIT
 
 
 def test_oversized_tool_output_is_a_parsed_tool_call(vllm: ServerThread) -> None:

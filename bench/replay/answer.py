@@ -51,6 +51,7 @@ class Generation:
     error_message: str | None = None
     synthesized: bool = False
     notes: list[str] = field(default_factory=list)
+    max_new_tokens: int | None = None  # what the request allowed: a fault's replacement output keeps to it too
 
     @property
     def is_error(self) -> bool:
@@ -97,7 +98,7 @@ def build_generation(
         cached, ttft, total = 0, 0.01, 0.01 + 0.005 * len(ids)
         synthesized = True
     generation = Generation(identity, ids, logprobs, text, finish, params.input_len, cached, ttft, total,
-                            synthesized=synthesized)
+                            synthesized=synthesized, max_new_tokens=max_new)
     _apply_stops(generation, params, tokenizer)
     if len(generation.output_ids) > max_new:
         _cut(generation, max_new, tokenizer)

@@ -46,6 +46,6 @@ class OversizedToolOutput(Fault):
         arguments = json.dumps(oversized_tool_call(tool, self.bytes))
         text = f'Let me look at the whole output.\n<tool_call>\n{{"name": "{tool}", "arguments": {arguments}}}\n</tool_call>'
         tokenizer = exchange.tokenizer
-        exchange.set_output(tokenizer.encode(text) + [tokenizer.eos_token_id], text,
+        cut = exchange.set_output(tokenizer.encode(text) + [tokenizer.eos_token_id], text,
                             {"type": "stop", "matched": tokenizer.eos_token_id})
-        return f"turn replaced by a {tool} call printing {self.bytes} bytes"
+        return f"turn replaced by a {tool} call printing {self.bytes} bytes{cut}"

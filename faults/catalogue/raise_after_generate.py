@@ -18,6 +18,15 @@ class RaiseAfterGenerate(Fault):
     def apply(self, exchange: Exchange) -> str:
         generation, tokenizer = exchange.generation, exchange.tokenizer
         text = f"{generation.text} {POISON_MARKER}"
-        exchange.set_output(tokenizer.encode(text) + [tokenizer.eos_token_id], text,
-                            {"type": "stop", "matched": tokenizer.eos_token_id})
-        return "reply poisoned for post-processing"
+        ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
+        limit, shortened = generation.max_new_tokens, ""
+        if limit is not None and len(ids) > limit:  # the reply's own words make room, never the marker
+            said = [t for t in generation.output_ids if t != tokenizer.eos_token_id]
+            keep = len(said)
+            while keep > 0 and len(ids) > limit:
+                keep = max(0, keep - (len(ids) - limit))
+                text = f"{tokenizer.decode(said[:keep], skip_special_tokens=True)} {POISON_MARKER}"
+                ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
+            shortened = f" (its words cut to {keep} tokens to fit max_new_tokens {limit})"
+        cut = exchange.set_output(ids, text, {"type": "stop", "matched": tokenizer.eos_token_id})
+        return f"reply poisoned for post-processing{shortened}{cut}"
