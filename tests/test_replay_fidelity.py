@@ -17,16 +17,23 @@ from bench import RunConfig, RunResult, run_blocking
 from bench.invariants import Bounds, RunView, replay_fidelity
 from bench.records.request_log import RequestRecord
 from bench.report import format_summary, write_report
-from faults import FaultEvent, resolve_plan
+from bench.replay import TraceStore
+from bench.trace.shipped import resolve_trace
+from faults import FaultEvent, plan_from_specs, resolve_plan
 
 OWN_LOOP = "tests.fidelity_targets:OwnLoop"
 SEED_004 = ["g00000-0", "g00000-1", "g00000-2", "g00000-3", "g00023-1",  # as in test_ref_tool_loop
             "g00027-0", "g00027-1", "g00027-2", "g00027-3"]
 
 
-def _run(target: str, trace: str, plan: str | None = None, **options: Any) -> RunResult:
-    return run_blocking(RunConfig(trace=trace, plan=resolve_plan(plan) if plan else None, target=target,
-                                  isolation="inline", **options))
+def _run(target: str, trace: str, plan: str | None = None, faults: list[str] | None = None,
+         **options: Any) -> RunResult:
+    chosen = plan_from_specs(faults, seed=14) if faults else resolve_plan(plan) if plan else None
+    return run_blocking(RunConfig(trace=trace, plan=chosen, target=target, isolation="inline", **options))
+
+
+def _store(result: RunResult) -> TraceStore:
+    return TraceStore.load(resolve_trace(str(result.config.trace)), groups_of={r.trajectory for r in result.records})
 
 
 def _fidelity(result: RunResult) -> list[Any]:
@@ -126,3 +133,19 @@ def test_only_drift_after_a_fault_on_the_same_trajectory_is_excused() -> None:
     assert violation.trajectory == "a" and "15.0% off the recording (bound 5%)" in violation.message
     assert replay_fidelity.check(_view(requests, [event], bound=0.15)) == []  # the bound is inclusive
     assert replay_fidelity.check(_view([], [])) == []
+
+
+def test_a_resumed_abort_is_served_the_rest_of_its_recorded_answer() -> None:
+    """A partial rollout resends the prompt plus the aborted answer's tokens, as SGLang clients resume one: that
+    is the turn's next attempt, faithful, and it is served the rest of the recorded answer, so the sample ends
+    up with exactly the recorded answer (not its start followed by the whole answer again)."""
+    result = _run("tests.provenance_targets:keeps_aborted_partial", "rlvr-500", n=24,
+                  plan=None, faults=["abort:keep=0.5,p=0.3"])
+    aborted = {r.trajectory for r in result.requests if r.finish == "abort"}
+    resumed = [r for r in result.requests if r.continues is not None and r.turn == 0]
+    assert aborted and {r.trajectory for r in resumed} == aborted
+    assert all(r.drift is None and r.attempt >= 2 for r in resumed)  # an abort may hit a resumed attempt too
+    assert not _fidelity(result) and not any(r.drift for r in result.requests)
+    trajectories = {t.id: t for t in _store(result).trajectories}
+    for record in result.records:
+        assert tuple(record.response_ids) == trajectories[record.trajectory].turns[0].output_ids, record.trajectory

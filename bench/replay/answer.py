@@ -91,6 +91,11 @@ def build_generation(
         logprobs = None if recorded.logprobs is None else list(recorded.logprobs)
         text, finish = recorded.text, recorded.finish_reason
         cached, ttft, total = recorded.cached_tokens, recorded.ttft, recorded.total
+        if identity.resume:  # a resumed abort: the rest of the recorded answer (its start is in the request)
+            done = identity.resume
+            total = ttft + (total - ttft) * (len(ids) - done) / len(ids)
+            ids, logprobs = ids[done:], None if logprobs is None else logprobs[done:]
+            text = tokenizer.decode(ids, skip_special_tokens=True)
         synthesized = False
     else:
         ids, logprobs, text = _synthesize(tokenizer, seed_bytes)

@@ -7,6 +7,10 @@ a GRPO group send identical turn-0 requests; those are told apart only by an exp
 `X-Bench-Trajectory` header or `rid`, else assigned to members in arrival order (first
 unclaimed member, then a member whose last attempt failed). Everything after turn 0 carries
 the member's own outputs and is identified exactly.
+
+A request that is a recorded turn's input followed by the first k tokens of that turn's recorded output
+resumes an aborted answer (a partial rollout, as SGLang clients resume one): it is that turn's next
+attempt, `resume=k`, and its answer is the rest of the recorded output, not the whole of it again.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class Identity:
     drift: str | None = None  # None | "context" | "extra_turn" | "unknown_prompt"
     digest: str | None = None  # for unknown prompts: names the request in place of a trajectory id
     by_order: bool = False  # one of several members' identical requests, told apart only by arrival order
+    resume: int = 0  # tokens of the turn's recorded output the request already carries (a resumed abort)
 
     @property
     def key(self) -> tuple[str | None, int | None]:
@@ -116,10 +121,11 @@ class Identifier:
             return turn
         return None
 
-    def _claim(self, trajectory: RecordedTrajectory, turn: int, drift: str | None, by_order: bool = False) -> Identity:
+    def _claim(self, trajectory: RecordedTrajectory, turn: int, drift: str | None, by_order: bool = False,
+               resume: int = 0) -> Identity:
         self._attempts[(trajectory.id, turn)] += 1
         return Identity(trajectory.id, trajectory.group_id, turn, self._attempts[(trajectory.id, turn)], drift,
-                        by_order=by_order)
+                        by_order=by_order, resume=resume)
 
     def _claim_among(self, matches: list[tuple[RecordedTrajectory, int]]) -> Identity:
         """Identical requests from several members: first unclaimed, then a failed one, then the least tried."""
@@ -141,12 +147,27 @@ class Identifier:
         return self._drifted(best, packed)
 
     def _drifted(self, trajectory: RecordedTrajectory, packed: bytes) -> Identity:
-        """The client's context left the recording: pick the turn it has reached."""
+        """The client's context left the recording, or resumes a turn's answer: pick the turn it has reached."""
         shared = self._shared(trajectory, packed)
         ends = [t.input_len + len(t.output_ids) for t in trajectory.turns]
         turn = bisect_right(ends, shared)
+        resume = self._resumed(trajectory, turn, packed, shared)
+        if resume:
+            return self._claim(trajectory, turn, None, resume=resume)
         drift = "extra_turn" if turn >= len(trajectory.turns) else "context"
         return self._claim(trajectory, turn, drift)
+
+    @staticmethod
+    def _resumed(trajectory: RecordedTrajectory, turn: int, packed: bytes, shared: int) -> int:
+        """k when the request is turn `turn`'s recorded input plus the first k (0 < k < all) of its output."""
+        if turn >= len(trajectory.turns) or shared * INT32 != len(packed):
+            return 0
+        recorded = trajectory.turns[turn]
+        resume = shared - recorded.input_len
+        if not 0 < resume < len(recorded.output_ids):
+            return 0
+        sequence = trajectory.sequences[recorded.sequence]
+        return resume if sequence[: len(packed)] == packed else 0
 
     @staticmethod
     def _shared(trajectory: RecordedTrajectory, packed: bytes) -> int:
