@@ -16,7 +16,9 @@ Variants:
   #1738 a result whose answer came back late is trained on however stale (`staleness`); from #1738 on it is
   dropped and a fresh prompt replenished.
 - `no-replenish`: `max_result_age_steps` without replenishing, the configuration #1738's review warned drains
-  the pipeline. #1738 refuses it with a ValueError; code without that guard hangs, and the bench says so.
+  the pipeline. #1738 refuses it with a ValueError before any result is taken (the bench reports that crash,
+  `batch_survival`, with open-instruct's traceback); the hang the review predicted is `ref-accumulator:unfixed`'s
+  (on the real code the trainer never runs ahead of a held answer without replenishing, so nothing goes stale).
 
 Ray runs for the job only (`prepare` starts it, `run` stops it; see `local_ray`).
 """
