@@ -1,7 +1,8 @@
 # rollout-bench: everything starts from a fresh machine with only Python 3.11.
 #   make demo   create .venv, install, run the default job, print where the report is
 #   make test   create .venv with the test extras and the real targets' environments, run the whole suite
-#   make targets  build one virtual environment per real target (miles, verifiers) in .targets/
+#   make targets  build one virtual environment per PyPI framework in .targets/ (miles, verifiers, areal, verl,
+#               verl-0.9); TARGETS="slime open-instruct prime-rl" builds the source-only frameworks' too
 #   make bench  benchmarks (server throughput beside bare aiohttp, repro cold vs warm worker, the memory kept for
 #               provenance); not part of test
 
