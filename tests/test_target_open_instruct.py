@@ -13,7 +13,6 @@ violation of any kind. The options-and-errors tests need neither.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,14 @@ from bench.targets.frameworks.checkout import CheckoutError
 from bench.targets.frameworks.envs import target_python
 from bench.targets.frameworks.open_instruct.target import MARKER, PATH_ENV
 from faults import resolve_plan
+from tests.checkout_helpers import listed_checkouts, needs_checkouts
 from tests.ray_helpers import ray_processes, worker_pid
 
 CHECKOUTS_ENV = "ROLLOUT_BENCH_OPEN_INSTRUCT_CHECKOUTS"
-CHECKOUTS = [Path(p) for p in os.environ.get(CHECKOUTS_ENV, os.environ.get(PATH_ENV, "")).split(os.pathsep) if p]
+CHECKOUTS = listed_checkouts(CHECKOUTS_ENV, PATH_ENV)
 PYTHON = target_python("open-instruct")
-needs_open_instruct = pytest.mark.skipif(
-    not CHECKOUTS or PYTHON is None,
-    reason=f"no open-instruct checkout ({CHECKOUTS_ENV} or {PATH_ENV}) or no environment to run it (make open-instruct-env)")
+needs_open_instruct = needs_checkouts("open-instruct", CHECKOUTS, PYTHON, CHECKOUTS_ENV, PATH_ENV,
+                                      "make open-instruct-env")
 N = 256  # 64 groups of 4: enough prompts in flight that a held answer does not starve the trainer
 OPTIONS = {"prompts_per_step": 4}  # async_steps 1: open-instruct's max_result_age_steps = the bench's bound 1
 

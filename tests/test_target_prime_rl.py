@@ -30,16 +30,15 @@ from bench.targets.frameworks.checkout import CheckoutError
 from bench.targets.frameworks.envs import target_python
 from bench.targets.frameworks.prime_rl.target import MARKER, PATH_ENV, SCHEDULER, SCRATCH_PREFIX
 from faults import Plan, plan_from_specs, resolve_plan
+from tests.checkout_helpers import listed_checkouts, needs_checkouts
 
 CHECKOUTS_ENV = "ROLLOUT_BENCH_PRIME_RL_CHECKOUTS"
-CHECKOUTS = [Path(p) for p in os.environ.get(CHECKOUTS_ENV, os.environ.get(PATH_ENV, "")).split(os.pathsep) if p]
+CHECKOUTS = listed_checkouts(CHECKOUTS_ENV, PATH_ENV)
 VERIFIERS_ENV = "ROLLOUT_BENCH_PRIME_RL_VERIFIERS"
 VERIFIERS = Path(os.environ[VERIFIERS_ENV]) if os.environ.get(VERIFIERS_ENV) else None
 V1_ENV = "ROLLOUT_BENCH_VERIFIERS_V1_SOURCE"
 PYTHON = target_python("prime-rl")
-needs_prime_rl = pytest.mark.skipif(
-    not CHECKOUTS or PYTHON is None,
-    reason=f"no prime-rl checkout ({CHECKOUTS_ENV} or {PATH_ENV}) or no environment to run it (make prime-rl-env)")
+needs_prime_rl = needs_checkouts("prime-rl", CHECKOUTS, PYTHON, CHECKOUTS_ENV, PATH_ENV, "make prime-rl-env")
 N = 80  # 20 groups of 4: seed-003's 429 rule hits g00018-1, g00019-2 and g00019-3
 RATE_LIMITED = {"g00018-1", "g00019-2", "g00019-3"}
 NO_WORKERS = "No available workers (all circuits open or unhealthy)"

@@ -18,7 +18,6 @@ import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -41,13 +40,12 @@ from bench.trace.shipped import shipped_trace
 from faults import Exchange, resolve_plan
 from faults.catalogue.oversized_tool_output import OversizedToolOutput
 from faults.hooks import emit_command
+from tests.checkout_helpers import listed_checkouts, needs_checkouts
 
 CHECKOUTS_ENV = "ROLLOUT_BENCH_SLIME_RETOOL_CHECKOUTS"
-CHECKOUTS = [Path(p) for p in os.environ.get(CHECKOUTS_ENV, os.environ.get(PATH_ENV, "")).split(os.pathsep) if p]
+CHECKOUTS = listed_checkouts(CHECKOUTS_ENV, PATH_ENV)
 PYTHON = target_python("slime-retool")
-needs_retool = pytest.mark.skipif(
-    not CHECKOUTS or PYTHON is None,
-    reason=f"no slime checkout ({CHECKOUTS_ENV} or {PATH_ENV}) or no environment to run it (make slime-env)")
+needs_retool = needs_checkouts("slime", CHECKOUTS, PYTHON, CHECKOUTS_ENV, PATH_ENV, "make slime-env")
 RETOOL = "examples/retool/generate_with_retool.py"
 # seed-004 on retool-64's first five groups: g00000-2, g00001-0 and g00004-0 get the 60000-byte tool call;
 # g00000-1 and g00002-1 lose their logprobs at turn 1 (g00002-2 at turns 0 and 1); g00002-2, g00004-0 and
