@@ -19,7 +19,7 @@ from bench.targets.recorded_tools import RecordedTools
 from bench.targets.reference.tool_loop import parse_tool_calls, tool_message
 from bench.tokenizer import load_tokenizer
 from faults import Plan, plan_from_specs, resolve_plan
-from faults.hooks import emit_command
+from faults.hooks import emit_code, emit_command
 
 CONTEXT = 8192  # agentic-500's context length
 # Multi-turn: up to 50 recorded turns each, replayed again when an aborted sample is resubmitted.
@@ -234,6 +234,9 @@ def test_recorded_tools_answer_recorded_calls_and_emit_commands() -> None:
     assert tools.run("t", 3, {"name": "bash", "arguments": {"command": "ls"}}).startswith("error:")
     assert tools.run("t", 0, {"name": "bash", "arguments": {"command": emit_command(12345)}}) == "x" * 12345
     assert tools.run("u", 0, {"name": "bash", "arguments": {"command": emit_command(3)}}) == "xxx"
+    # a code tool's call (the fault speaks retool's protocol on a retool trace) prints as Python would
+    assert tools.run("u", 0, {"name": "code_interpreter", "arguments": {"code": emit_code(5)}}) == "xxxxx\n"
+    assert tools.run("u", 0, {"name": "code_interpreter", "arguments": {"code": "print(1)"}}).startswith("error:")
 
 
 def _view(requests: list[RequestRecord]) -> RunView:

@@ -121,3 +121,26 @@ def test_a_store_of_some_groups_holds_them_as_the_full_store_does(tmp_path) -> N
     broken.write_bytes(b"".join(lines))
     with pytest.raises(TraceFormatError, match=r"broken\.jsonl:2: reward"):
         TraceStore.load(broken, groups_of=["g00000-0"])  # a chosen group is checked as in a full load
+
+
+def test_an_unnamed_resume_of_an_answer_siblings_start_alike_goes_to_the_member_that_was_aborted() -> None:
+    """Two members whose recorded answers share their first token: a resume of that token, sent without a name,
+    is the aborted member's (its answer counted failed), marked as told apart by order, never the other's."""
+    from bench.replay import Identifier, TraceStore
+    from bench.replay.store import pack
+    from bench.trace.shipped import shipped_trace
+
+    store = TraceStore.load(shipped_trace("rlvr-500"))
+    group = next(g for g in store.groups.values()
+                 if g.members[0].turns[0].output_ids[:1] == g.members[1].turns[0].output_ids[:1])
+    first, second = group.members[0], group.members[1]
+    identifier = Identifier(store)
+    prompt = list(array("i", first.sequences[first.turns[0].sequence][: first.turns[0].input_len * 4]))
+    claimed = [identifier.identify(pack(prompt)) for _ in group.members]  # the group's turn 0s, by arrival order
+    assert [c.trajectory for c in claimed] == [m.id for m in group.members]
+    identifier.record_outcome(claimed[1], succeeded=False)  # `second`'s answer was aborted after one token
+    resumed = identifier.identify(pack(prompt + list(second.turns[0].output_ids[:1])))
+    assert (resumed.trajectory, resumed.turn, resumed.attempt, resumed.resume) == (second.id, 0, 2, 1)
+    assert resumed.drift is None and resumed.by_order
+    named = identifier.identify(pack(prompt + list(first.turns[0].output_ids[:1])), hint=first.id)
+    assert (named.trajectory, named.resume, named.by_order) == (first.id, 1, False)

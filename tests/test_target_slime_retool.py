@@ -112,19 +112,25 @@ def test_the_oversized_tool_call_speaks_the_trajectorys_tool_protocol() -> None:
 
 
 def test_status_honesty_names_a_completed_sample_cut_at_the_context_or_by_length() -> None:
-    records = [SampleRecord("at-context", "g", "completed", "COMPLETED", 100, response_length=412),
+    records = [SampleRecord("at-context", "g", "completed", "COMPLETED", 100, response_length=412,
+                            loss_mask=[1] * 400 + [0] * 12),  # a tool output trimmed at the context
+               SampleRecord("stopped-there", "g", "completed", "COMPLETED", 100, response_length=412,
+                            loss_mask=[1] * 412),  # the model's own stop is the context's last token
                SampleRecord("by-length", "g", "completed", "COMPLETED", 100, response_length=50),
                SampleRecord("truncated", "g", "truncated", "TRUNCATED", 100, response_length=412),
                SampleRecord("finished", "g", "completed", "COMPLETED", 100, response_length=50),
                SampleRecord("lost", "g", "lost")]
-    requests = [RequestRecord(0.0, "/generate", trajectory="by-length", turn=0, finish="stop", seq=0),
-                RequestRecord(0.0, "/generate", trajectory="by-length", turn=1, finish="length", seq=3),
-                RequestRecord(0.0, "/generate", trajectory="finished", turn=0, finish="length", seq=1),
-                RequestRecord(0.0, "/generate", trajectory="finished", turn=1, finish="stop", seq=2)]
+    requests = [RequestRecord(0.0, "/generate", trajectory="by-length", turn=0, finish="stop", status=200, seq=0),
+                RequestRecord(0.0, "/generate", trajectory="by-length", turn=1, finish="length", status=200, seq=3),
+                RequestRecord(0.0, "/generate", trajectory="finished", turn=0, finish="length", status=200, seq=1),
+                RequestRecord(0.0, "/generate", trajectory="finished", turn=1, finish="stop", status=200, seq=2),
+                RequestRecord(0.0, "/generate", trajectory="at-context", turn=0, finish="stop", status=200, seq=4),
+                RequestRecord(0.0, "/generate", trajectory="stopped-there", turn=0, finish="stop", status=200, seq=5),
+                RequestRecord(0.0, "/generate", trajectory="stopped-there", turn=1, status=503, seq=6)]  # no answer
     verdicts = status_verdicts(records, requests, 512)
     assert verdicts == {"at-context": "COMPLETED though cut at the context (512 of 512 tokens)",
                         "by-length": "COMPLETED though its last answer (turn 1) was cut by length",
-                        "truncated": HONEST, "finished": HONEST}
+                        "truncated": HONEST, "finished": HONEST, "stopped-there": HONEST}
 
 
 def test_response_ids_come_from_the_sample_split_at_the_prompt_the_framework_sent() -> None:

@@ -10,7 +10,7 @@ Two checks over the server's request log (joined with the fault log), per trajec
   its new turns is longer, so they are not mistaken for retries.
 - terminal: once the trajectory got a terminal answer (a 503 carrying a `router_no_workers` or
   `outage` fault: "No available workers"), at most `bounds.max_requests_after_terminal` further
-  requests are sent for it before one succeeds. Retrying into a dead fleet is what turns an outage
+  requests are sent for it, up to and including the first that succeeds. Retrying into a dead fleet is what turns an outage
   into churn; once a request succeeds the fleet is back, and a multi-turn client's next turns are
   progress, not retries (a later terminal answer is judged on its own).
 
@@ -90,8 +90,8 @@ def check(view: RunView) -> list[Violation]:
         if len(after) > limit:
             out.append(Violation(
                 NAME, trajectory,
-                f"kept retrying a terminal error: {len(after)} requests after a no-available-workers answer "
-                f"before one succeeded, {len(terminal)} such answers in all (bound {limit} after it)",
+                f"kept retrying a terminal error: {len(after)} requests after a no-available-workers answer, up to "
+                f"and including the first that succeeded, {len(terminal)} such answers in all (bound {limit} after it)",
                 {"terminal_answers": len(terminal), "requests_after_terminal": len(after), "bound": limit,
                  "first_terminal": {"turn": first.turn, "attempt": first.attempt},
                  "statuses_after": _statuses(after), "outcome": outcomes.get(trajectory)},

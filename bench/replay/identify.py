@@ -127,24 +127,45 @@ class Identifier:
         return Identity(trajectory.id, trajectory.group_id, turn, self._attempts[(trajectory.id, turn)], drift,
                         by_order=by_order, resume=resume)
 
-    def _claim_among(self, matches: list[tuple[RecordedTrajectory, int]]) -> Identity:
-        """Identical requests from several members: first unclaimed, then a failed one, then the least tried."""
+    def _claim_among(self, matches: list[tuple[RecordedTrajectory, int]], resume: int = 0) -> Identity:
+        """Identical requests from several members: first unclaimed, then a failed one, then the least tried.
+        With `resume` (the request resumes an aborted answer its members share the start of), the ids shared."""
         matches.sort(key=lambda m: (m[0].index, m[1]))
         if self.dispatched is not None:
             matches = [m for m in matches if m[0].id in self.dispatched] or matches
         by_order = len(matches) > 1
+
+        def claim(member: RecordedTrajectory, turn: int) -> Identity:
+            done = resume - member.turns[turn].input_len if resume else 0
+            return self._claim(member, turn, None, by_order=by_order, resume=done)
+
+        if not resume:  # a resumed answer is never a member's first request for its turn
+            for member, turn in matches:
+                if self._attempts[(member.id, turn)] == 0:
+                    return claim(member, turn)
         for member, turn in matches:
-            if self._attempts[(member.id, turn)] == 0:
-                return self._claim(member, turn, None, by_order=by_order)
-        for member, turn in matches:
-            if (member.id, turn) in self._failed:
-                return self._claim(member, turn, None, by_order=by_order)
-        member, turn = min(matches, key=lambda m: (self._attempts[(m[0].id, m[1])], m[0].index))
-        return self._claim(member, turn, None, by_order=by_order)
+            if (member.id, turn) in self._failed:  # an aborted answer counts as failed
+                return claim(member, turn)
+        member, turn = min(matches, key=lambda m: (self._attempts[(m[0].id, m[1])] == 0 if resume else False,
+                                                   self._attempts[(m[0].id, m[1])], m[0].index))
+        return claim(member, turn)
 
     def _closest(self, groups: list[Group], packed: bytes) -> Identity:
-        best = max((m for g in groups for m in g.members), key=lambda m: (self._shared(m, packed), -m.index))
+        members = [m for g in groups for m in g.members]
+        shared = {m.id: self._shared(m, packed) for m in members}
+        most = max(shared.values())
+        tied = [m for m in members if shared[m.id] == most]
+        if len(tied) > 1:  # members whose answers start alike: a resumed start is one of theirs, told by order
+            resumed = [(m, turn) for m in tied for turn in [self._resumed_turn(m, packed, most)] if turn is not None]
+            if resumed:
+                return self._claim_among(resumed, resume=most)
+        best = min(tied, key=lambda m: m.index)
         return self._drifted(best, packed)
+
+    def _resumed_turn(self, trajectory: RecordedTrajectory, packed: bytes, shared: int) -> int | None:
+        """The turn whose answer `packed` resumes, if it resumes one of `trajectory`'s."""
+        turn = bisect_right([t.input_len + len(t.output_ids) for t in trajectory.turns], shared)
+        return turn if self._resumed(trajectory, turn, packed, shared) else None
 
     def _drifted(self, trajectory: RecordedTrajectory, packed: bytes) -> Identity:
         """The client's context left the recording, or resumes a turn's answer: pick the turn it has reached."""

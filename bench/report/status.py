@@ -23,10 +23,11 @@ JUDGED = ("completed", "truncated", "aborted")  # outcomes that came back with a
 def status_verdicts(records: list[SampleRecord], requests: list[RequestRecord],
                     context_length: int) -> dict[str, str]:
     """Per trajectory that came back: `honest`, or what its COMPLETED status hides."""
-    last: dict[str, RequestRecord] = {}
+    last: dict[str, RequestRecord] = {}  # each trajectory's last answer (an error or a stray is no answer)
     for request in requests:
-        if request.trajectory is not None and (request.trajectory not in last
-                                               or request.seq > last[request.trajectory].seq):
+        if request.trajectory is None or not 200 <= (request.status or 0) < 300:
+            continue
+        if request.trajectory not in last or request.seq > last[request.trajectory].seq:
             last[request.trajectory] = request
     verdicts: dict[str, str] = {}
     for record in records:
@@ -35,16 +36,22 @@ def status_verdicts(records: list[SampleRecord], requests: list[RequestRecord],
         cuts = []
         if record.outcome == "completed":
             total = record.prompt_length + record.response_length
+            final = last.get(record.trajectory)
             if total > context_length:
                 cuts.append(f"over the context ({total} of {context_length} tokens)")
-            elif total == context_length:
+            elif total == context_length and not _model_stopped_last(record, final):
                 cuts.append(f"cut at the context ({total} of {context_length} tokens)")
-            final = last.get(record.trajectory)
             if final is not None and final.finish == "length":
                 cuts.append(f"its last answer (turn {final.turn}) was cut by length")
         verdicts[record.trajectory] = (f"{record.status or 'completed'} though " + " and ".join(cuts)) if cuts \
             else HONEST
     return verdicts
+
+
+def _model_stopped_last(record: SampleRecord, final: RequestRecord | None) -> bool:
+    """The response ends with the model's own stop (its last answer finished `stop` and the last token is the
+    model's, not a tool output appended after it): filling the context exactly that way is finishing."""
+    return final is not None and final.finish == "stop" and bool(record.loss_mask) and record.loss_mask[-1] == 1
 
 
 def honesty_summary(verdicts: dict[str, str]) -> dict[str, Any]:

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.trace import open_trace
-from faults.hooks import emit_command
+from faults.hooks import CODE_TOOLS, emit_code, emit_command
 
 from .base import TrajectorySpec
 
 _SIZE = "123456789"
 _EMIT = re.compile(re.escape(emit_command(int(_SIZE))).replace(_SIZE, r"(\d+)"))
+_EMIT_CODE = re.compile(re.escape(emit_code(int(_SIZE))).replace(_SIZE, r"(\d+)"))
 
 
 class RecordedTools:
@@ -59,6 +60,11 @@ class RecordedTools:
             emitted = _EMIT.fullmatch(command.strip())
             if emitted:
                 return "x" * int(emitted.group(1))  # what `head -c N /dev/zero | tr '\0' x` prints
+        code = call["arguments"].get(CODE_TOOLS.get(call["name"], ""))
+        if isinstance(code, str):
+            emitted = _EMIT_CODE.fullmatch(code.strip())
+            if emitted:
+                return "x" * int(emitted.group(1)) + "\n"  # what `print('x' * N)` prints
         turns = self._outputs.get(trajectory, [])
         for name, arguments, text in turns[turn] if turn < len(turns) else []:
             if name == call["name"] and arguments == call["arguments"]:

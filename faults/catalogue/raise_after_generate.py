@@ -29,4 +29,6 @@ class RaiseAfterGenerate(Fault):
                 ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
             shortened = f" (its words cut to {keep} tokens to fit max_new_tokens {limit})"
         cut = exchange.set_output(ids, text, {"type": "stop", "matched": tokenizer.eos_token_id})
-        return f"reply poisoned for post-processing{shortened}{cut}"
+        if cut:  # even the marker alone is longer than the request allows: say so, the reply is no poison
+            return f"reply NOT poisoned: the marker does not fit max_new_tokens {limit}{cut}"
+        return f"reply poisoned for post-processing{shortened}"

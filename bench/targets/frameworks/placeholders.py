@@ -34,7 +34,7 @@ class _Placeholders(types.ModuleType):
             if finder.lower_case_submodules and name[:1].islower():
                 return importlib.import_module(f"{self.__name__}.{name}")
             value = type(name, (), {"__init__": lambda self, *args, **kwargs: None})
-            value.__module__ = self.__name__
+        value.__module__ = self.__name__  # pickled by reference as the placeholder module's (Ray ships them)
         setattr(self, name, value)
         return value
 

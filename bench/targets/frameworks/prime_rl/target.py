@@ -230,8 +230,11 @@ class _Batch:
         if not batch.done():  # every group finished or given up, and the batch cannot fill: the bench ends it
             batch.cancel()
             await asyncio.gather(batch, return_exceptions=True)
-            for eid in sorted(self.buffer.finished):
-                self._emit_group(eid, emit, reason="finished; the batch was ended when nothing was left to run")
+            for eid in sorted(self.buffer.finished):  # accepted by prime-rl's buffer: each member as it came back
+                for spec in self.by_example[eid]:
+                    if spec.id in self.last:
+                        emit(self.record(self.last[spec.id], spec,
+                                         "finished; the batch was ended when nothing was left to run"))
             for eid in self.buffer.given_up:
                 self._emit_group(eid, emit, reason=f"given up after {self.buffer.max_redraws} replays")
             return
