@@ -37,9 +37,10 @@ from bench.targets.base import Emit, RolloutJob
 from bench.targets.frameworks import local_ray
 
 from ..checkout import Checkout, named_source, read_checkout
+from ..options import check_options
 
 VARIANTS = ("shipped", "no-replenish")
-OPTIONS = ("source", "async_steps", "prompts_per_step", "trace")  # `trace`: the runner's, for every target
+OPTIONS = ("source", "async_steps", "prompts_per_step")
 PATH_ENV = "ROLLOUT_BENCH_OPEN_INSTRUCT_PATH"
 MARKER = "open_instruct/data_loader.py"
 RAY_CPUS = 4  # three queue actors and their workers
@@ -61,13 +62,7 @@ class OpenInstructTarget:
     def warm_up(self, options: dict[str, Any]) -> None:
         """The checkout onto the import path and open-instruct's modules imported (torch, transformers, Ray:
         tens of seconds); Ray itself starts with the job."""
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise ValueError(f"open-instruct: unknown target option(s) {', '.join(unknown)}; "
-                             f"valid: {', '.join(OPTIONS[:-1])}")
-        for key in ("async_steps", "prompts_per_step"):
-            if key in options and not (isinstance(options[key], int) and options[key] >= 1):
-                raise ValueError(f"open-instruct: target option {key} must be a whole number >= 1, not {options[key]!r}")
+        check_options("open-instruct", options, OPTIONS, {"async_steps": 1, "prompts_per_step": 1})
         named = named_source(options, PATH_ENV)
         if named is None:
             raise ValueError(f"open-instruct runs from a source checkout: give --source DIR (or set {PATH_ENV})")

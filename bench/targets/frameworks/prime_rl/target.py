@@ -45,11 +45,11 @@ from bench.targets.frameworks.verifiers.records import error_info, record_of
 from bench.targets.frameworks.verifiers.target import TraceFacts, _trace_path
 
 from ..checkout import Checkout, CheckoutError, named_source, read_checkout
+from ..options import check_options
 from . import environment
 from .environment import GROUP_KEY, MEMBERS_KEY, STATE_KEY, info_of
 
-OPTIONS = ("source", "verifiers_source", "max_retries", "max_error_reschedule_attempts", "max_redraws",
-           "trace")  # `trace`: the runner's, for every target
+OPTIONS = ("source", "verifiers_source", "max_retries", "max_error_reschedule_attempts", "max_redraws")
 PATH_ENV = "ROLLOUT_BENCH_PRIME_RL_PATH"
 MARKER = "packages/prime-rl-configs/src/prime_rl/configs/orchestrator.py"
 SCHEDULER = "src/prime_rl/orchestrator/scheduler.py"
@@ -73,15 +73,8 @@ class PrimeRlTarget:
 
     def warm_up(self, options: dict[str, Any]) -> None:
         """Both checkouts onto the import path, the placeholders in, prime-rl's orchestrator modules imported."""
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise ValueError(f"prime-rl: unknown target option(s) {', '.join(unknown)}; "
-                             f"valid: {', '.join(OPTIONS[:-1])}")
-        for key in ("max_retries", "max_error_reschedule_attempts", "max_redraws"):
-            low = 0 if key != "max_error_reschedule_attempts" else 1
-            if key in options and not (isinstance(options[key], int) and options[key] >= low):
-                raise ValueError(f"prime-rl: target option {key} must be a whole number >= {low}, "
-                                 f"not {options[key]!r}")
+        check_options("prime-rl", options, OPTIONS,
+                      {"max_retries": 0, "max_error_reschedule_attempts": 1, "max_redraws": 0})
         named = named_source(options, PATH_ENV)
         if named is None:
             raise ValueError(f"prime-rl runs from a source checkout: give --source DIR (or set {PATH_ENV})")
