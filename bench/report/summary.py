@@ -19,7 +19,7 @@ from bench.invariants.vacuity import reach
 from bench.orchestration.runner import RunResult
 from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES
 
-from .status import honesty_line, honesty_summary, status_verdicts
+from .status import honesty_line, honesty_summary
 
 
 def _versions() -> dict[str, str]:
@@ -95,6 +95,13 @@ def provenance_summary(result: RunResult, trajectories: pd.DataFrame) -> dict[st
     }
 
 
+def _status_verdicts(trajectories: pd.DataFrame) -> dict[str, str]:
+    """The trajectories table's `status_honest` verdicts (`bench.report.status`, judged once, in `frames`)."""
+    if "status_honest" not in trajectories:
+        return {}
+    return {str(t): v for t, v in zip(trajectories["trajectory"], trajectories["status_honest"]) if isinstance(v, str)}
+
+
 def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, Any]:
     trajectories, requests = tables["trajectories"], tables["requests"]
     n = len(trajectories)
@@ -145,7 +152,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         # did each sample train on what it was served (the provenance invariant), per check and per fault type
         "provenance": provenance_summary(result, trajectories),
         # samples cut at the context or by length yet COMPLETED: reported, not a violation (`bench.report.status`)
-        "status_honesty": honesty_summary(status_verdicts(result.records, result.requests, result.context_length)),
+        "status_honesty": honesty_summary(_status_verdicts(trajectories)),
         "throughput": {
             "trajectories_per_s": round(n / duration, 3),
             "samples_per_s": round(int((~trajectories["outcome"].eq("lost")).sum()) / duration, 3),
