@@ -149,13 +149,18 @@ class Recorder:
         assembler = StreamAssembler(captured, started)
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
+        recorded = False
         try:
             async for chunk in upstream.content.iter_any():
                 assembler.feed(chunk, time.monotonic())
+                if assembler.done and not recorded:  # on disk before the client can see the stream end
+                    recorded = True
+                    self._finish(captured, placements, assembler.answers())
                 await response.write(chunk)
             await response.write_eof()
         finally:  # a client that went away, or an upstream that broke off: record what came, as it ended
-            self._finish(captured, placements, assembler.answers())
+            if not recorded:
+                self._finish(captured, placements, assembler.answers())
         return response
 
     # -- recording ---------------------------------------------------------------------------

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.tokenizer import TOKENIZER_NAME, load_tokenizer
+from bench.tokenizer import TOKENIZER_NAME, load_tokenizer, tokenizer_path
 from bench.trace import TokenizerInfo
 
 UNKNOWN_VOCAB = 2**31 - 1
@@ -91,13 +92,15 @@ class LocalTokenizer:
 
 def tokenizer_for(info: UpstreamInfo, folder: str | None) -> tuple[Any, TokenizerInfo, str]:
     """(tokenizer or None, the header's tokenizer record, where that record came from)."""
-    if folder is not None:
+    if folder is not None and Path(folder).resolve() == tokenizer_path().resolve():
+        info.is_bench_mock = True  # the bench's own tokenizer (`rollout-bench tokenizer`): e.g. the mock behind a router
+    if folder is not None and not info.is_bench_mock:
         local = LocalTokenizer(folder)
         return local, TokenizerInfo(local.name, local.vocab_size, local.eos_token_id, local.pad_token_id), "--tokenizer"
     if info.is_bench_mock:
         bench = load_tokenizer()
         record = TokenizerInfo(TOKENIZER_NAME, bench.vocab_size, bench.eos_token_id, getattr(bench, "pad_token_id", None))
-        return bench, record, "the upstream is the bench's mock"
+        return bench, record, "the bench's tokenizer (the upstream is the bench's mock)"
     return None, TokenizerInfo(info.model, UNKNOWN_VOCAB, 0), "unknown until the clean end (from the traffic)"
 
 
