@@ -59,11 +59,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                              incremental_streaming=args.incremental_streaming_output))
 
 
+NO_PLAN = "none"  # `--plan none`: replay the trace with no faults (e.g. to check an imported trace replays)
+
+
 def build_plan(plan_spec: str | None, fault_specs: list[str] | None, seed: int | None):  # type: ignore[no-untyped-def]
     """The run's fault plan: a plan file or shipped name, plus `--fault` rules; `--seed` overrides."""
     from faults import Plan, plan_from_specs, resolve_plan
 
-    plan = resolve_plan(plan_spec) if plan_spec else None
+    plan = resolve_plan(plan_spec) if plan_spec and plan_spec != NO_PLAN else None
     extra = plan_from_specs(fault_specs or [], seed if seed is not None else (plan.seed if plan else 0))
     if plan is None:
         return extra if fault_specs else None
@@ -407,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a target against the server under a fault plan; check; report")
     run.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace file or shipped name (default {DEFAULT_TRACE})")
-    run.add_argument("--plan", help="fault plan file or shipped name (default seed-000 unless --fault is given)")
+    run.add_argument("--plan", help="fault plan file or shipped name (default seed-000 unless --fault is given; "
+                                    "'none': no faults)")
     run.add_argument("--fault", action="append", metavar="SPEC", help="a fault rule (repeatable)")
     run.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
     run.add_argument("--target", help=f"NAME[:variant] or module:attr (default {DEFAULT_TARGET}; with --repro: "

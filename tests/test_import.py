@@ -167,6 +167,13 @@ def test_a_corrupt_file_exits_1_naming_it(tmp_path: Path, capsys: pytest.Capture
     assert "samples[0]: rollout_log_probs[0:3][1] must be a finite log-probability" in capsys.readouterr().err
 
 
+def test_plan_none_means_no_faults() -> None:
+    from bench.cli import build_plan
+
+    assert build_plan("none", None, None) is None
+    assert build_plan("seed-000", None, None) is not None
+
+
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as caught:
         main(["import", "vllm-dump", str(tmp_path), "--out", str(tmp_path / "t.jsonl")])
