@@ -125,6 +125,15 @@ def test_aborted_truncated_and_missing_logprobs(tmp_path: Path) -> None:
     assert empty.output_ids == [] and empty.finish_reason["type"] == "abort" and trajs[2].reward is None
 
 
+def test_a_folder_of_train_and_eval_files(tmp_path: Path) -> None:
+    for name in ("0", "1", "eval_0"):
+        torch_save_like({"rollout_id": int(name[-1]), "samples": [sample(f"q{name}", ["a"])]}, tmp_path / f"{name}.pt")
+    summary = import_dump("slime-debug", tmp_path, tmp_path / "t.jsonl")
+    header, trajs = trajectories(summary.path)
+    assert [t.id for t in trajs] == ["r0-s0", "r1-s0", "eval0-s0"]
+    assert header.source.details["files"] == {"0.pt": 1, "1.pt": 1, "eval_0.pt": 1}
+
+
 def test_foreign_tokenizer_is_derived_from_the_data(tmp_path: Path) -> None:
     s = {**sample("q", ["a"]), "tokens": [5, 6, 7, 90000, 2], "response_length": 2, "loss_mask": [1, 1],
          "rollout_log_probs": [-1.0, -0.1], "prompt": "not these ids"}
@@ -208,11 +217,13 @@ def test_a_pickle_that_runs_code_is_refused(tmp_path: Path) -> None:
 
 @needs_miles
 def test_a_real_torch_save_with_tensors(tmp_path: Path) -> None:
-    """torch.save itself (miles' environment): tensors are rebuilt from the archive's storages, without torch."""
+    """torch.save itself (miles' environment): tensors are rebuilt from the archive's storages, without torch; a
+    numpy array (miles' `rollout_routed_experts`) is read as an inert record, never by numpy's code."""
     s = sample("What is 6*7?", ["It is 42."], tools=[])
     script = (f"import torch, json; s = json.loads({json.dumps(json.dumps(s))}); "
               "s['rollout_log_probs'] = torch.tensor(s['rollout_log_probs'], dtype=torch.float32); "
               "s['tokens'] = torch.tensor(s['tokens'])[:]; "
+              "import numpy; s['rollout_routed_experts'] = numpy.zeros((3, 2), dtype=numpy.int32); "
               f"torch.save(dict(rollout_id=0, samples=[s]), {str(tmp_path / '0.pt')!r})")
     subprocess.run([MILES, "-c", script], check=True)
     summary = import_dump("miles-debug", tmp_path / "0.pt", tmp_path / "t.jsonl")

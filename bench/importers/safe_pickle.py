@@ -4,7 +4,8 @@
 data (dicts, lists, numbers, strings), plain tensors in `torch.save` archives, and SGLang's request
 dataclasses; this unpickler allows exactly those shapes:
 
-- builtin containers and scalars (no globals needed), `collections.OrderedDict`, `set`, `frozenset`;
+- builtin containers and scalars (no globals needed), `collections.OrderedDict`, `set`, `frozenset`, and
+  `_codecs.encode` of latin-1 text (how protocol-2 pickles hold bytes);
 - torch tensors: the storage classes and `torch._utils._rebuild_tensor_v2`, rebuilt here as nested
   Python lists from the archive's raw storage bytes (torch is never imported);
 - numpy arrays and scalars, and classes of the `sglang` package: kept as inert `Opaque` records that
@@ -17,7 +18,6 @@ archive: `<dir>/data.pkl` plus one raw storage file per tensor under `<dir>/data
 from __future__ import annotations
 
 import collections
-import math
 import pickle
 import struct
 import sys
@@ -113,7 +113,13 @@ class _Storage:
 def _rebuild_tensor(storage: _Storage, offset: int, size: tuple[int, ...], stride: tuple[int, ...],
                     *rest: Any) -> Any:
     """A tensor as nested lists (a 0-d tensor: its number), read through its offset and strides."""
+    if not isinstance(storage, _Storage):
+        raise pickle.UnpicklingError("a tensor whose storage is not one of the archive's")
     flat = storage.values()
+    if any(not isinstance(n, int) or n < 0 for n in (offset, *size, *stride)) or len(size) != len(stride):
+        raise pickle.UnpicklingError(f"tensor in {storage.where}: bad offset, size or stride")
+    if all(size) and offset + sum((n - 1) * step for n, step in zip(size, stride)) >= len(flat):
+        raise pickle.UnpicklingError(f"tensor in {storage.where} reads past its storage")
 
     def build(dim: int, start: int) -> Any:
         if dim == len(size):
@@ -125,7 +131,15 @@ def _rebuild_tensor(storage: _Storage, offset: int, size: tuple[int, ...], strid
     return build(0, offset)
 
 
+def _latin1_bytes(text: str, encoding: str = "latin1", *rest: Any) -> bytes:
+    """`_codecs.encode` as protocol-2 pickles use it to hold bytes (numpy, torch): latin-1 text to bytes only."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise UnsafePickleError(f"_codecs.encode is allowed only for latin-1 text, got encoding {encoding!r:.40}")
+    return text.encode("latin1")
+
+
 _ALLOWED: dict[tuple[str, str], Any] = {
+    ("_codecs", "encode"): _latin1_bytes,
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
@@ -194,6 +208,3 @@ def load_torch_save(path: Path) -> Any:
         with archive.open(pickles[0]) as handle:
             return SafeUnpickler(handle, storages=storage, where=str(path)).load()
 
-
-def is_finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

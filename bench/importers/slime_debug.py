@@ -67,10 +67,11 @@ def import_slime_debug(path: Path, out: Path, options: ImportOptions) -> ImportS
     for file in files:
         data = load_dump(file)
         rollout_id = data.get("rollout_id", file.stem)
+        prefix = f"{'eval' if file.stem.startswith('eval_') else 'r'}{rollout_id}"  # eval_N.pt: eval of step N
         samples = data["samples"]
         counts[file.name] = len(samples)
         for position, sample in enumerate(samples):
-            drafts.append(_draft(sample, f"{file}: samples[{position}]", rollout_id, position, options))
+            drafts.append(_draft(sample, f"{file}: samples[{position}]", rollout_id, prefix, position, options))
     details = {
         "input": path.name, "files": counts, "samples": len(drafts),
         "format": "slime/miles --save-debug-rollout-data (torch.save of rollout_id and Sample.to_dict() samples)",
@@ -99,7 +100,8 @@ def _default_budget(drafts: list[DraftTrajectory], details: dict[str, Any]) -> i
                for d in drafts)
 
 
-def _draft(sample: Any, where: str, rollout_id: Any, position: int, options: ImportOptions) -> DraftTrajectory:
+def _draft(sample: Any, where: str, rollout_id: Any, prefix: str, position: int,
+           options: ImportOptions) -> DraftTrajectory:
     if not isinstance(sample, dict):
         raise DumpError(f"{where}: expected a Sample.to_dict() dict, got {type(sample).__name__}")
     for key in ("tokens", "response_length", "status"):
@@ -179,8 +181,8 @@ def _draft(sample: Any, where: str, rollout_id: Any, position: int, options: Imp
         metadata["notes"] = notes
     if json_safe(sample.get("label")):
         metadata["label"] = sample.get("label")
-    group = f"r{rollout_id}-g{group_index if group_index is not None else f'x{position}'}"
-    ident = f"r{rollout_id}-s{index if index is not None else f'x{position}'}"
+    group = f"{prefix}-g{group_index if group_index is not None else f'x{position}'}"
+    ident = f"{prefix}-s{index if index is not None else f'x{position}'}"
     return DraftTrajectory(id=ident, group_id=group, where=where, prompt_ids=prompt_ids, prompt_text=prompt_text,
                            prompt_messages=messages, turns=turns,
                            reward=None if reward is None else float(reward), metadata=metadata)
