@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.trace import open_trace
 from benchmarks.common import machine, print_table, write_results
 from benchmarks.server_throughput import HOST, ServerProcess, trace_requests
 
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     samples[arm] += asyncio.run(_round(url, bodies, args.concurrency, args.seconds))
             recorder.send_signal(signal.SIGTERM)
             recorder.wait(timeout=120)
+            with open_trace(Path(folder) / "recording.jsonl") as reader:  # the recorder did its whole work
+                recorded_turns = sum(len(t.turns) for t in reader)
     finally:
         if recorder is not None and recorder.poll() is None:
             recorder.kill()
@@ -115,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     print_table(["arm", "requests", "median ms", "p90 ms"], [list(r.values()) for r in rows])
     print(f"added by the recorder: {added_median:.3f} ms median, {added_p90:.3f} ms p90 "
           f"(aim: under {TARGET_ADDED_MEDIAN_MS} ms median) at {args.concurrency} concurrent connections")
-    payload = {"machine": machine(), "concurrency": args.concurrency, "rounds": args.rounds, "seconds": args.seconds,
-               "added_median_ms": round(added_median, 3), "added_p90_ms": round(added_p90, 3), "pid": os.getpid()}
+    payload = {"machine": machine(), "parameters": {"concurrency": args.concurrency, "rounds": args.rounds,
+                                                    "seconds": args.seconds, "time_scale": args.time_scale,
+                                                    "quick": args.quick},
+               "added_median_ms": round(added_median, 3), "added_p90_ms": round(added_p90, 3),
+               "recorded_turns": recorded_turns, "rows": rows}
     write_results(Path(args.out), "record_latency", payload, rows)
     return 0
 
