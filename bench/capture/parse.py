@@ -96,18 +96,41 @@ def parse_request(path: str, raw: bytes) -> CapturedRequest:
     if not isinstance(body, dict):
         raise CaptureError(f"{path} request body must be a JSON object, got {type(body).__name__}")
     if path in NATIVE_ROUTES:
-        return _native_request(path, body)
+        return _native_request(path, body, raw)
     if path in OPENAI_ROUTES:
         return _openai_request(path, OPENAI_ROUTES[path], body)
     raise CaptureError(f"{path} is not a generation route ({', '.join(sorted(GENERATION_PATHS))})")
 
 
-def _native_request(path: str, body: dict[str, Any]) -> CapturedRequest:
-    ids, text = body.get("input_ids"), body.get("text")
-    if ids is not None:
-        prompts: list[tuple[list[int] | None, str | None]] = (
-            [(ids, None)] if _int_list(ids) else [(entry, None) for entry in ids] if isinstance(ids, list) else [])
-        if not prompts or not all(_int_list(p) for p, _ in prompts):
+class _SingleIds(msgspec.Struct):
+    """The common native request: one prompt as ids (its ids checked in C, not one by one in Python)."""
+
+    input_ids: list[int]
+
+
+_single_ids = msgspec.json.Decoder(_SingleIds)
+
+
+def _native_ids(raw: bytes, body: dict[str, Any]) -> list[list[int]] | None:
+    """The prompts of a request sent as ids, or None when it was sent as text."""
+    ids = body.get("input_ids")
+    if ids is None:
+        return None
+    try:
+        return [_single_ids.decode(raw).input_ids]
+    except msgspec.ValidationError:
+        pass
+    if isinstance(ids, list) and ids and all(_int_list(entry) for entry in ids):
+        return [list(entry) for entry in ids]
+    return []
+
+
+def _native_request(path: str, body: dict[str, Any], raw: bytes) -> CapturedRequest:
+    text = body.get("text")
+    batch = _native_ids(raw, body)
+    if batch is not None:
+        prompts: list[tuple[list[int] | None, str | None]] = [(entry, None) for entry in batch]
+        if not prompts:
             raise CaptureError(f"{path}: input_ids must be a list of token ids or a list of such lists")
     elif isinstance(text, str):
         prompts = [(None, text)]

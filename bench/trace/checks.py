@@ -62,6 +62,8 @@ def _check_raw_prompt(trajectory: Trajectory) -> Iterator[Issue]:
 
 
 def _check_ids(field: str, ids: list[int], vocab_size: int) -> Iterator[Issue]:
+    if not ids or (min(ids) >= 0 and max(ids) < vocab_size):  # C loops: the common case
+        return
     for position, token_id in enumerate(ids):
         if not 0 <= token_id < vocab_size:
             yield f"{field}[{position}]", f"token id {token_id} is outside the vocabulary (0..{vocab_size - 1})"
