@@ -173,6 +173,8 @@ def test_recorder_forwards_unchanged_keeps_no_secret_and_redacts_text(tmp_path: 
     assert multi.turns[0].tool_outputs and multi.turns[0].tool_outputs[0].text  # read back from turn 1's input
     refused = next(t for t in recorded if t.turns[0].response.error is not None)
     assert refused.turns[0].response.error.status == 400 and "context length" in refused.turns[0].response.error.message
+    body = json.loads(refused.metadata["recording"]["errors"][0]["body"])  # the error body, as the server sent it
+    assert body["error"]["message"] == refused.turns[0].response.error.message
 
     with ServerThread("agentic-500") as mock:
         redacted = asyncio.run(scenario(mock, tmp_path / "redacted.jsonl", True))
@@ -185,6 +187,52 @@ def test_recorder_forwards_unchanged_keeps_no_secret_and_redacts_text(tmp_path: 
     assert all(t.prompt.text == "" and all(turn.response.text == "" for turn in t.turns) for t in hidden)
     assert sorted(t.turns[0].response.output_ids for t in hidden) == sorted(t.turns[0].response.output_ids
                                                                              for t in recorded)
+
+
+def test_openai_routes_are_recorded_with_their_token_ids_streamed_or_not(tmp_path: Path) -> None:
+    async def scenario(mock: ServerThread) -> tuple[list[Any], Path]:
+        proxy = RecordingProxy(mock.url, tmp_path / "openai.jsonl")
+        url = await proxy.start()
+        trajectory = mock.context.store.trajectories[0]
+        prompt = turn_input(trajectory, 0)
+        seen = []
+        async with aiohttp.ClientSession() as session:
+            for stream in (False, True):
+                body = {"model": mock.context.config.model_name, "prompt": prompt, "max_tokens": 1024, "logprobs": 1,
+                        "return_token_ids": True, "stream": stream}
+                async with session.post(url + "/v1/completions", json=body) as reply:
+                    assert reply.status == 200
+                    raw = await reply.read()
+                if stream:
+                    chunks = [json.loads(line[6:]) for line in raw.split(b"\n\n") if line.startswith(b"data: {")]
+                    ids = [i for c in chunks for choice in c["choices"] for i in (choice.get("token_ids") or [])]
+                    logprobs = [v for c in chunks for choice in c["choices"]
+                                for v in ((choice.get("logprobs") or {}).get("token_logprobs") or [])]
+                else:
+                    choice = json.loads(raw)["choices"][0]
+                    ids, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+                seen.append((ids, logprobs))
+            chat = {"model": mock.context.config.model_name, "messages": [{"role": "user", "content": "hello"}],
+                    "max_tokens": 64, "logprobs": True, "return_token_ids": True}
+            async with session.post(url + "/v1/chat/completions", json=chat) as reply:
+                assert reply.status == 200
+                answer = await reply.json()
+            seen.append((answer["choices"][0]["token_ids"], [e["logprob"] for e in
+                                                             answer["choices"][0]["logprobs"]["content"]]))
+        return seen, await proxy.stop()
+
+    with ServerThread("rlvr-500") as mock:
+        seen, path = asyncio.run(scenario(mock))
+    assert [p.message for p in validate_trace(path)] == []
+    with open_trace(path) as reader:
+        recorded = list(reader)
+    completions = [t for t in recorded if t.turns[0].request.endpoint == "/v1/completions"]
+    assert len(completions) == 2 and {t.group_id for t in completions} == {completions[0].group_id}
+    assert sorted((t.turns[0].response.output_ids, t.turns[0].response.logprobs) for t in completions) == \
+        sorted((ids, logprobs) for ids, logprobs in seen[:2])
+    chat = next(t for t in recorded if t.turns[0].request.endpoint == "/v1/chat/completions")
+    assert chat.turns[0].request.messages == [{"role": "user", "content": "hello"}]
+    assert chat.prompt.ids and (chat.turns[0].response.output_ids, chat.turns[0].response.logprobs) == seen[2]
 
 
 def test_compaction_joins_fragments_and_keeps_the_file_valid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,9 @@ class CapturedRequest:
 class CapturedError:
     status: int
     message: str
+    body: str = ""  # the error body as sent (its first 4 KiB), for the recording's metadata
+
+BODY_KEPT = 4096
 
 
 @dataclass
@@ -202,7 +205,8 @@ def _openai_request(path: str, kind: str, body: dict[str, Any]) -> CapturedReque
 def error_answers(request: CapturedRequest, status: int, raw: bytes, elapsed: float) -> list[CapturedAnswer]:
     """An HTTP error (or an in-band stream error) answers every generation of the request."""
     message = error_message(raw)
-    return [CapturedAnswer(error=CapturedError(status, message), ttft=elapsed, total=elapsed,
+    body = raw[:BODY_KEPT].decode("utf-8", "replace")
+    return [CapturedAnswer(error=CapturedError(status, message, body), ttft=elapsed, total=elapsed,
                            ids_known=True) for _ in request.inputs]
 
 
@@ -363,7 +367,7 @@ class StreamAssembler:
             error = body["error"]
             code = error.get("code") if isinstance(error, dict) else None
             status = code if isinstance(code, int) and 400 <= code <= 599 else 400
-            self._problem = CapturedError(status, error_message(data))
+            self._problem = CapturedError(status, error_message(data), data[:BODY_KEPT].decode("utf-8", "replace"))
             return
         try:
             if self.request.api == "native":

@@ -38,6 +38,7 @@ class _Open:
     turns: list[Turn] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)  # each error answer: turn, attempt, status, body
     appends_text: list[str | None] = field(default_factory=list)  # each turn's appended input, as text
 
 
@@ -72,6 +73,9 @@ class Recording:
             state = _Open(placement, self._prompt(captured, answer, input_ids))
             self._open[placement.trajectory] = state
         turn, note = self._turn(placement, captured, answer, endpoint, input_ids)
+        if answer.error is not None:
+            state.errors.append({"turn": placement.turn, "attempt": placement.attempt, "status": answer.error.status,
+                                 "body": answer.error.body or answer.error.message})
         if note:
             state.notes.append(f"turn {placement.turn} attempt {placement.attempt}: {note}")
         if placement.turn < len(state.turns):  # a later attempt replaces the turn; the earlier one is noted
@@ -84,7 +88,10 @@ class Recording:
             state.appends_text.append(appended)
             if placement.turn > 0:
                 self._tool_outputs(state, placement.turn - 1, appended, captured)
-        return self._fragment(state, placement, turn, input_ids)
+        fragment = self._fragment(state, placement, turn, input_ids)
+        if answer.error is not None:
+            fragment.metadata["recording"]["error_body"] = state.errors[-1]["body"]
+        return fragment
 
     def trajectory(self, ident: str) -> Trajectory:
         state = self._open[ident]
@@ -93,6 +100,8 @@ class Recording:
             metadata["recording"]["attempts"] = list(state.attempts)
         if state.notes:
             metadata["recording"]["notes"] = list(state.notes)
+        if state.errors:
+            metadata["recording"]["errors"] = list(state.errors)
         return Trajectory(ident, state.placement.group, state.prompt, list(state.turns), None, metadata)
 
     def trajectories(self) -> list[Trajectory]:
