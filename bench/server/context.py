@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -15,6 +16,11 @@ from faults import Exchange, FaultEngine, FaultEvent, Plan, Rule, Target
 
 from .profiles import SglangProfile
 from .state import ServerState
+
+if TYPE_CHECKING:  # the capture layer loads only in upstream mode
+    from bench.capture.parse import CapturedAnswer
+
+    from .upstream import Upstream
 
 
 @dataclass(frozen=True)
@@ -35,12 +41,14 @@ class ServerConfig:
 
 
 class ServerContext:
-    def __init__(self, config: ServerConfig, store: TraceStore, tokenizer: ByteBPETokenizer,
-                 plan: Plan | None = None) -> None:
+    def __init__(self, config: ServerConfig, store: TraceStore | None, tokenizer: ByteBPETokenizer,
+                 plan: Plan | None = None, upstream: Upstream | None = None) -> None:
         self.config = config
-        self.store = store
+        self.store = store  # None: a proxy with no trace (upstream mode only)
         self.tokenizer = tokenizer
-        self.identifier = Identifier(store)
+        self.upstream = upstream  # set: answers come from a live engine (`bench.server.upstream`)
+        # who each request is, and how its attempt ended: the trace's identifier, or the upstream's tracker
+        self.identifier: Identifier | Upstream = upstream if upstream is not None else Identifier(store)  # type: ignore[arg-type]
         self.state = ServerState()
         self.log = RequestLog()
         self.served = ServedTokens()  # what each identified request was served, token by token
@@ -49,9 +57,10 @@ class ServerContext:
 
     def target(self, identity: Identity, endpoint: str) -> Target:
         """What fault schedules decide about: this attempt at this turn of this trajectory."""
-        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory else None
+        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory and self.store is not None else None
+        index = trajectory.index if trajectory else self.upstream.index_of(identity) if self.upstream else None
         return Target(trajectory=identity.trajectory or f"request:{identity.digest}",
-                      index=trajectory.index if trajectory else None, group=identity.group,
+                      index=index, group=identity.group,
                       turn=identity.turn or 0, attempt=identity.attempt, endpoint=endpoint)
 
     def exchange(self, generation: Generation, *, api: str, endpoint: str, stream: bool, rid: str,
@@ -68,7 +77,7 @@ class ServerContext:
 
     def _tools(self, identity: Identity) -> tuple[str, ...]:
         """The names of the tools the trajectory's recorded prompt announces (none for an unknown request)."""
-        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory else None
+        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory and self.store is not None else None
         if trajectory is None or not trajectory.prompt_tools:
             return ()
         return tuple(str(tool.get("function", tool).get("name", "")) for tool in trajectory.prompt_tools)
@@ -86,15 +95,33 @@ class ServerContext:
                                                   "aborted by a weight update"))
         self.state.abort(abort_all=True)
 
-    def generate(self, ids: list[int], params: GenerateParams, hint: str | None) -> Generation:
-        """Identify a request and build its (not yet paced) answer."""
+    def generate(self, ids: list[int], params: GenerateParams, hint: str | None,
+                 answer: CapturedAnswer | None = None) -> Generation:
+        """Identify a request and build its (not yet paced) answer: the recording's, or in upstream mode
+        `answer`, the live engine's."""
         packed = pack(ids)
+        if self.upstream is not None:
+            assert answer is not None, "upstream mode: the engine's answer comes with the request"
+            identity = self.upstream.place(ids, hint)
+            self.faults.observe(identity.trajectory, packed, self.tokenizer)
+            self._follow_version(answer.weight_version)
+            return self.upstream.generation(identity, answer, params, self.tokenizer.eos_token_id)
         identity = self.identifier.identify(packed, hint)
         self.faults.observe(identity.trajectory, packed, self.tokenizer)  # did it act on an earlier faulted answer?
         return build_generation(identity, self._recorded(identity), params, self.tokenizer, seed_bytes=packed)
 
+    def _follow_version(self, reported: object) -> None:
+        """Upstream mode: the server's weight version is the newest the engine reported (answers in flight
+        during an update may report the older one: a number never goes back)."""
+        if reported is None or str(reported) == self.state.weight_version:
+            return
+        new, old = str(reported), self.state.weight_version
+        if new.isdigit() and old.isdigit() and int(new) < int(old):
+            return
+        self.state.weight_version = new
+
     def _recorded(self, identity: Identity):  # type: ignore[no-untyped-def]
-        if identity.trajectory is None or identity.turn is None or identity.drift == "extra_turn":
+        if identity.trajectory is None or identity.turn is None or identity.drift == "extra_turn" or self.store is None:
             return None
         turns = self.store.by_id[identity.trajectory].turns
         return turns[identity.turn] if identity.turn < len(turns) else None

@@ -112,6 +112,17 @@ def reject(ctx: ServerContext, record: RequestRecord, status: int, error: str, a
         ctx.identifier.record_outcome(generation.identity, succeeded=False)
 
 
+def upstream_failed(ctx: ServerContext, record: RequestRecord, ids: list[int], hint: str | None, status: int,
+                    arrived: float) -> None:
+    """Upstream mode: the engine answered an error (passed on as it came): place the attempt, log it failed."""
+    assert ctx.upstream is not None
+    identity = ctx.upstream.place(ids, hint)
+    record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
+    record.attempt, record.by_order = identity.attempt, identity.by_order
+    reject(ctx, record, status, f"upstream answered {status}", arrived)
+    ctx.upstream.record_outcome(identity, succeeded=False)
+
+
 def _finish(ctx: ServerContext, choice: Choice, arrived: float, count: int, aborted: bool,
             queued: bool = False) -> Played:
     record, generation = choice.record, choice.generation

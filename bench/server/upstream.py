@@ -1,0 +1,245 @@
+"""Upstream mode: the bench server in front of a LIVE engine (`rollout-bench proxy`, `run --upstream`).
+
+The generation comes from forwarding the client's request, unchanged, to the engine (SGLang's `/generate`,
+streamed or not; an OpenAI-compatible `/v1/completions` or `/v1/chat/completions`) and parsing its answer
+(`bench.capture.parse`); who sent it comes from the token stream (`bench.capture.tracker`: trajectory,
+group, turn, attempt). From there everything is the mock's: the fault plan decides and edits the answer,
+the bench's formatters write it (native or OpenAI, streamed or not), the request log, the served tokens and
+the fault log record it. So the fault catalogue, the deterministic schedules and the invariants built on
+those logs work unchanged against a real engine.
+
+Every generation answer is re-rendered, faulted or not (not forwarded byte for byte): one code path writes
+both, so a client cannot tell a faulted answer by its formatting, and what the served-tokens log holds is
+exactly what the client was sent. The price: fields of the engine's answer the bench's formatters do not
+know are not passed on, and a stream is re-sent once the engine's answer is complete (its time to first
+token is the engine's whole generation). The engine's own errors (any non-2xx answer, an in-band stream
+error) and requests the bench's parser refuses are passed through byte for byte, unfaulted. Every other
+route (`/health`, `/flush_cache`, `/get_model_info`, `/update_weights_*`, `/abort_request`,
+`/pause_generation`, `/v1/models`, a router's `/workers` ...) is forwarded unchanged; only `/bench/*`
+stays the bench's.
+
+Re-rendering needs the model's tokenizer (texts of partial answers, logprob triples, the faults that write
+text): `--tokenizer DIR` (a local Hugging Face tokenizer folder), or the bench's own when the upstream
+tokenizes a probe exactly as it does (the upstream is the bench's mock: how the tests run on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from bench.capture.parse import CapturedAnswer, parse_answer
+from bench.capture.tracker import Placement, TrafficTracker
+from bench.replay import GenerateParams, Generation, Identity
+
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+# hop-by-hop headers, the bench's own controls and what aiohttp recomputes: never forwarded either way
+_DROP_REQUEST = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding",
+                 "x-bench-fault"}
+_DROP_REPLY = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date",
+               "server", "x-bench-served-trajectory", "x-bench-served-turn", "x-bench-served-attempt",
+               "x-bench-served-request-id"}
+PROBE_TEXT = "<|im_start|>user\nrollout-bench probe: naïve café, 12345 tokens?<|im_end|>\n"
+
+
+class UpstreamError(RuntimeError):
+    """The upstream cannot be used (unreachable, or it names no context length); the message says which."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """The engine's answer to a forwarded request, as it came."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("Content-Type", self.headers.get("content-type", ""))
+
+
+@dataclass(frozen=True)
+class UpstreamInfo:
+    """What the proxy learns from the upstream before serving: model, context length, SGLang version, and
+    whether it tokenizes as the bench's own tokenizer does."""
+
+    model: str
+    context_length: int
+    version: str | None
+    speaks_bench_tokenizer: bool
+
+
+@dataclass
+class _Open:
+    placement: Placement
+    generation: Generation | None = None
+
+
+@dataclass
+class Upstream:
+    """The engine behind the proxy: one pooled HTTP session, the traffic tracker, the open placements."""
+
+    url: str
+    tracker: TrafficTracker
+    known_trajectories: frozenset[str] = frozenset()  # hints (`X-Bench-Trajectory`, `rid`) worth passing on
+    _session: aiohttp.ClientSession | None = None
+    _open: dict[Identity, _Open] = field(default_factory=dict)
+    dispatched: frozenset[str] | None = None  # set by the runner (the mock's Identifier has it too)
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+            self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=True,
+                                                  connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def fetch(self, request: web.Request) -> Fetched:
+        """Forward `request` (method, path, query, body, headers) to the engine; its whole answer."""
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+        body = await request.read()
+        try:
+            async with self.session().request(request.method, self.url + request.path_qs, data=body or None,
+                                              headers=headers, allow_redirects=False) as reply:
+                raw = await reply.read()
+                kept = {k: v for k, v in reply.headers.items() if k.lower() not in _DROP_REPLY}
+                return Fetched(reply.status, kept, raw)
+        except aiohttp.ClientError as error:
+            message = f"rollout-bench proxy: upstream {self.url} failed: {type(error).__name__}: {error}"
+            return Fetched(502, {"Content-Type": "application/json"},
+                           json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode())
+
+    async def forward(self, request: web.Request) -> web.Response:
+        """An admin route: the engine's answer, unchanged."""
+        return self.pass_through(await self.fetch(request))
+
+    @staticmethod
+    def pass_through(fetched: Fetched) -> web.Response:
+        response = web.Response(body=fetched.body, status=fetched.status)
+        response.headers.popall("Content-Type", None)
+        for key, value in fetched.headers.items():
+            response.headers.add(key, value)
+        return response
+
+    def answers(self, path: str, request_body: bytes, fetched: Fetched, expected: int) -> list[CapturedAnswer] | None:
+        """The engine's answer as `expected` generations (native batch items, OpenAI choices, in order); None when
+        it is not a complete generation answer (an error status, an in-band error, a count that does not match):
+        then it is passed through unchanged."""
+        if not 200 <= fetched.status < 300:
+            return None
+        try:
+            parsed = parse_answer(path, request_body, fetched.body, fetched.content_type)
+        except ValueError:
+            return None
+        answers = parsed if isinstance(parsed, list) else [parsed]
+        if len(answers) != expected or any(a.error for a in answers):
+            return None
+        return answers
+
+    def place(self, ids: list[int], hint: str | None) -> Identity:
+        """Who sent these input ids: the tracker's placement, as the replay's Identity."""
+        named = hint if hint in self.known_trajectories else None
+        try:
+            placement = self.tracker.place(ids, hint=named) if named else self.tracker.place(ids)
+        except TypeError:  # a tracker without hints: arrival order tells identical group members apart
+            placement = self.tracker.place(ids)
+            named = None
+        identity = Identity(placement.trajectory, placement.group, placement.turn, placement.attempt,
+                            by_order=named is None and placement.turn == 0)
+        self._open[identity] = _Open(placement)
+        return identity
+
+    def index_of(self, identity: Identity) -> int | None:
+        entry = self._open.get(identity)
+        return entry.placement.index if entry is not None else None
+
+    def generation(self, identity: Identity, answer: CapturedAnswer, params: GenerateParams,
+                   eos_token_id: int) -> Generation:
+        """The engine's answer as the Generation the fault plan edits and the formatters write."""
+        ids = list(answer.output_ids)
+        logprobs = None if answer.logprobs is None else [float(lp) if lp is not None else 0.0
+                                                         for lp in answer.logprobs]
+        generation = Generation(identity, ids, logprobs, answer.text or "", _finish(answer, ids, eos_token_id),
+                                answer.prompt_tokens if answer.prompt_tokens is not None else params.input_len,
+                                answer.cached_tokens or 0, answer.ttft or 0.0, answer.total or 0.0,
+                                max_new_tokens=params.max_new_tokens)
+        entry = self._open.get(identity)
+        if entry is not None:
+            entry.generation = generation
+        return generation
+
+    def record_outcome(self, identity: Identity, succeeded: bool) -> None:
+        """The answer went out (or failed): settle the placement with what the client was served, once."""
+        entry = self._open.pop(identity, None)
+        if entry is None:
+            return
+        generation = entry.generation
+        served = list(generation.output_ids) if generation is not None else []
+        kind = ((generation.finish_reason or {}).get("type") if generation is not None else None) or "error"
+        outcome = kind if succeeded and kind in ("stop", "length") else ("abort" if kind == "abort" else "error")
+        self.tracker.settle(entry.placement, served, outcome)
+
+
+def _finish(answer: CapturedAnswer, ids: list[int], eos_token_id: int) -> dict[str, Any]:
+    """SGLang's finish-reason object for the engine's finish reason (the formatters map it for OpenAI)."""
+    reason = answer.finish_reason if isinstance(answer.finish_reason, str) else (
+        (answer.finish_reason or {}).get("type") if isinstance(answer.finish_reason, dict) else None)
+    if isinstance(answer.finish_reason, dict) and reason in ("stop", "length", "abort"):
+        return dict(answer.finish_reason)
+    if reason == "length":
+        return {"type": "length", "length": len(ids)}
+    if reason == "abort":
+        return dict(ABORTED)
+    matched = ids[-1] if ids and ids[-1] == eos_token_id else None
+    return {"type": "stop", "matched": matched}
+
+
+def probe(url: str, tokenizer: Any, context_length: int | None = None) -> UpstreamInfo:
+    """Ask the upstream what it serves (synchronous: done once, before the proxy serves); `tokenizer`: the
+    bench's, compared token for token with the upstream's `/tokenize` of a probe text."""
+    url = url.rstrip("/")
+
+    def call(path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return json.loads(reply.read() or b"null")
+        except (urllib.error.HTTPError, ValueError):
+            return None
+
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=30) as reply:
+            reply.read()
+    except urllib.error.HTTPError:
+        pass  # it answered: reachable
+    except (urllib.error.URLError, OSError) as error:
+        raise UpstreamError(f"upstream {url} is not reachable: {error}") from None
+    server = _dict(call("/get_server_info"))
+    model_info = _dict(call("/get_model_info"))
+    models = _dict(call("/v1/models"))
+    first_model = _dict((models.get("data") or [{}])[0])
+    context = context_length or server.get("context_length") or first_model.get("max_model_len")
+    model = model_info.get("model_path") or server.get("model_path") or first_model.get("id") or "upstream"
+    tokens = _dict(call("/tokenize", {"prompt": PROBE_TEXT}))
+    same = tokens.get("tokens") == tokenizer.encode(PROBE_TEXT)
+    if not isinstance(context, int) or context <= 0:
+        raise UpstreamError(f"upstream {url} names no context length (neither /get_server_info's context_length "
+                            "nor /v1/models' max_model_len): give --context-length")
+    version = server.get("version") if isinstance(server.get("version"), str) else None
+    return UpstreamInfo(str(model), context, version, same)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
