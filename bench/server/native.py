@@ -56,7 +56,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     answers: list[Any] = [None] * len(parsed.items)
     if ctx.upstream is not None:
         fetched = await ctx.upstream.fetch(request)
-        live = ctx.upstream.answers(request.path, await request.read(), fetched, len(parsed.items))
+        live = ctx.upstream.answers(request.path, await request.read(), fetched, len(parsed.items), ctx.tokenizer)
         if live is None:  # the engine's own error (or an answer the bench cannot read): as it came, unfaulted
             for item in parsed.items:
                 record = new_record(ctx, request.path, arrived, rid=item.rid, stream=parsed.stream,

@@ -228,7 +228,7 @@ async def _upstream_answers(ctx: ServerContext, request: web.Request, parsed: Op
     assert ctx.upstream is not None
     fetched = await ctx.upstream.fetch(request)
     expected = len(parsed.prompts) * parsed.sampling.n
-    answers = ctx.upstream.answers(request.path, await request.read(), fetched, expected)
+    answers = ctx.upstream.answers(request.path, await request.read(), fetched, expected, ctx.tokenizer)
     if answers is not None:
         return answers
     hint = request.headers.get(TRAJECTORY_HEADER)

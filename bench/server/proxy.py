@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from array import array
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Collection
 
-from bench.capture.tracker import TrafficTracker
+from bench.capture.tracker import KnownGroup, TrafficTracker, ids_key
 from bench.replay import TraceStore
+from bench.replay.store import RecordedTrajectory
 from bench.tokenizer import load_tokenizer
 from bench.trace.shipped import resolve_trace
 from faults import Plan, resolve_plan
@@ -27,22 +29,17 @@ from .profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from .upstream import Upstream, UpstreamError, probe
 
 
-def known_groups(store: TraceStore) -> dict[tuple[int, ...], tuple[str, list[str]]]:
-    """A trace's groups for the tracker: prompt ids -> (group id, member trajectory ids, in trace order), so the
-    live traffic's identities are the trace's ids."""
-    members: dict[str, list[str]] = defaultdict(list)
-    prompts: dict[str, tuple[int, ...]] = {}
+def known_groups(store: TraceStore) -> dict[bytes, KnownGroup]:
+    """A trace's groups for the tracker, by prompt: the live traffic's identities are then the trace's ids."""
+    members: dict[str, list[RecordedTrajectory]] = defaultdict(list)
     for trajectory in store.trajectories:
-        members[trajectory.group_id].append(trajectory.id)
-        if trajectory.group_id not in prompts:
-            prompts[trajectory.group_id] = tuple(_prompt_ids(trajectory))
-    return {prompt: (group, members[group]) for group, prompt in prompts.items()}
-
-
-def _prompt_ids(trajectory: Any) -> list[int]:
-    from array import array
-
-    return list(array("i", trajectory.sequences[0][: trajectory.prompt_len * 4]))
+        members[trajectory.group_id].append(trajectory)
+    known = {}
+    for group, trajectories in members.items():
+        first = trajectories[0]
+        prompt = ids_key(array("i", first.sequences[0][: first.prompt_len * 4]))
+        known[prompt] = KnownGroup(group, tuple(t.id for t in trajectories), tuple(t.index for t in trajectories))
+    return known
 
 
 def _profile(sglang_version: str | None, reported: str | None) -> str:
@@ -84,8 +81,8 @@ def load_upstream_context(upstream: str, *, trace: str | Path | None = None, pla
         check_live_plan(plan, tokenizer=True, adapter=adapter)
     store = TraceStore.load(resolve_trace(str(trace)), groups_of=groups_of) if trace is not None else None
     tracker = TrafficTracker(known_groups=known_groups(store) if store is not None else None)
-    engine = Upstream(upstream.rstrip("/"), tracker,
-                      frozenset(t.id for t in store.trajectories) if store is not None else frozenset())
+    engine = Upstream(upstream.rstrip("/"), tracker)
+    options.setdefault("openai_flavor", info.openai_flavor)
     config = ServerConfig(profile=get_profile(_profile(sglang_version, info.version)), model=info.model,
                           context_length=info.context_length, time_scale=0.0, **options)
     return ServerContext(config, store, tokenizer, plan, upstream=engine)

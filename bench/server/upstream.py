@@ -26,6 +26,7 @@ tokenizes a probe exactly as it does (the upstream is the bench's mock: how the 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -34,8 +35,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bench.capture.parse import CapturedAnswer, parse_answer
-from bench.capture.tracker import Placement, TrafficTracker
+from bench.capture.parse import CaptureError, CapturedAnswer, StreamAssembler, parse_answer, parse_request
+from bench.capture.tracker import Placement, TrafficTracker, ids_key
 from bench.replay import GenerateParams, Generation, Identity
 
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
@@ -54,15 +55,17 @@ class UpstreamError(RuntimeError):
 
 @dataclass(frozen=True)
 class Fetched:
-    """The engine's answer to a forwarded request, as it came."""
+    """The engine's answer to a forwarded request, as it came (with when each piece of the body came)."""
 
     status: int
     headers: dict[str, str]
     body: bytes
+    started: float = 0.0  # time.monotonic() when the request went out
+    pieces: tuple[tuple[bytes, float], ...] = ()  # the body as it arrived: (bytes, time.monotonic())
 
     @property
     def content_type(self) -> str:
-        return self.headers.get("Content-Type", self.headers.get("content-type", ""))
+        return next((v for k, v in self.headers.items() if k.lower() == "content-type"), "")
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class UpstreamInfo:
     context_length: int
     version: str | None
     speaks_bench_tokenizer: bool
+    openai_flavor: str = "vllm"  # whose OpenAI-compatible shapes it speaks ("vllm" or "sglang")
 
 
 @dataclass
@@ -88,7 +92,6 @@ class Upstream:
 
     url: str
     tracker: TrafficTracker
-    known_trajectories: frozenset[str] = frozenset()  # hints (`X-Bench-Trajectory`, `rid`) worth passing on
     _session: aiohttp.ClientSession | None = None
     _open: dict[Identity, _Open] = field(default_factory=dict)
     dispatched: frozenset[str] | None = None  # set by the runner (the mock's Identifier has it too)
@@ -109,16 +112,19 @@ class Upstream:
         """Forward `request` (method, path, query, body, headers) to the engine; its whole answer."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
         body = await request.read()
+        started = time.monotonic()
         try:
             async with self.session().request(request.method, self.url + request.path_qs, data=body or None,
                                               headers=headers, allow_redirects=False) as reply:
-                raw = await reply.read()
+                pieces = []
+                async for piece in reply.content.iter_any():
+                    pieces.append((piece, time.monotonic()))
                 kept = {k: v for k, v in reply.headers.items() if k.lower() not in _DROP_REPLY}
-                return Fetched(reply.status, kept, raw)
+                return Fetched(reply.status, kept, b"".join(p for p, _ in pieces), started, tuple(pieces))
         except aiohttp.ClientError as error:
             message = f"rollout-bench proxy: upstream {self.url} failed: {type(error).__name__}: {error}"
             return Fetched(502, {"Content-Type": "application/json"},
-                           json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode())
+                           json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode(), started)
 
     async def forward(self, request: web.Request) -> web.Response:
         """An admin route: the engine's answer, unchanged."""
@@ -132,31 +138,43 @@ class Upstream:
             response.headers.add(key, value)
         return response
 
-    def answers(self, path: str, request_body: bytes, fetched: Fetched, expected: int) -> list[CapturedAnswer] | None:
+    def answers(self, path: str, request_body: bytes, fetched: Fetched, expected: int,
+                tokenizer: Any) -> list[CapturedAnswer] | None:
         """The engine's answer as `expected` generations (native batch items, OpenAI choices, in order); None when
-        it is not a complete generation answer (an error status, an in-band error, a count that does not match):
-        then it is passed through unchanged."""
+        it is not a complete generation answer (an error status, an in-band error, a body the bench cannot read,
+        a count that does not match): then it is passed through unchanged. An answer that names no token ids
+        (SGLang's OpenAI routes send text only) gets its text's ids in `tokenizer`."""
         if not 200 <= fetched.status < 300:
             return None
         try:
-            parsed = parse_answer(path, request_body, fetched.body, fetched.content_type)
-        except ValueError:
+            captured = parse_request(path, request_body)
+        except CaptureError:
             return None
-        answers = parsed if isinstance(parsed, list) else [parsed]
-        if len(answers) != expected or any(a.error for a in answers):
+        if captured.stream and "text/event-stream" in fetched.content_type:
+            assembler = StreamAssembler(captured, fetched.started)
+            for piece, at in fetched.pieces:
+                assembler.feed(piece, at)
+            answers = assembler.answers()
+        else:
+            answers = parse_answer(captured, fetched.status, fetched.body,
+                                   (fetched.pieces[-1][1] if fetched.pieces else fetched.started) - fetched.started)
+        if len(answers) != expected or any(a.error is not None for a in answers):
             return None
+        for answer in answers:
+            if not answer.ids_known:
+                answer.output_ids = tokenizer.encode(answer.text)
+                answer.logprobs = None if answer.logprobs is None or len(answer.logprobs) != len(
+                    answer.output_ids) else answer.logprobs
         return answers
 
     def place(self, ids: list[int], hint: str | None) -> Identity:
-        """Who sent these input ids: the tracker's placement, as the replay's Identity."""
-        named = hint if hint in self.known_trajectories else None
-        try:
-            placement = self.tracker.place(ids, hint=named) if named else self.tracker.place(ids)
-        except TypeError:  # a tracker without hints: arrival order tells identical group members apart
-            placement = self.tracker.place(ids)
-            named = None
-        identity = Identity(placement.trajectory, placement.group, placement.turn, placement.attempt,
-                            by_order=named is None and placement.turn == 0)
+        """Who sent these input ids: the tracker's placement, as the replay's Identity (attempts count from 1).
+        Identical turn-0 inputs of a group's members are told apart by arrival order (`by_order`): the tracker
+        takes no hint, so an `X-Bench-Trajectory` header is passed on to the engine but not used here."""
+        del hint
+        placement = self.tracker.place(ids_key(ids))
+        identity = Identity(placement.trajectory, placement.group, placement.turn, placement.attempt + 1,
+                            by_order=placement.turn == 0)
         self._open[identity] = _Open(placement)
         return identity
 
@@ -188,21 +206,17 @@ class Upstream:
         served = list(generation.output_ids) if generation is not None else []
         kind = ((generation.finish_reason or {}).get("type") if generation is not None else None) or "error"
         outcome = kind if succeeded and kind in ("stop", "length") else ("abort" if kind == "abort" else "error")
-        self.tracker.settle(entry.placement, served, outcome)
+        self.tracker.settle(entry.placement, ids_key(served)[1:], outcome)
 
 
 def _finish(answer: CapturedAnswer, ids: list[int], eos_token_id: int) -> dict[str, Any]:
-    """SGLang's finish-reason object for the engine's finish reason (the formatters map it for OpenAI)."""
-    reason = answer.finish_reason if isinstance(answer.finish_reason, str) else (
-        (answer.finish_reason or {}).get("type") if isinstance(answer.finish_reason, dict) else None)
-    if isinstance(answer.finish_reason, dict) and reason in ("stop", "length", "abort"):
-        return dict(answer.finish_reason)
-    if reason == "length":
-        return {"type": "length", "length": len(ids)}
-    if reason == "abort":
-        return dict(ABORTED)
-    matched = ids[-1] if ids and ids[-1] == eos_token_id else None
-    return {"type": "stop", "matched": matched}
+    """SGLang's finish-reason object for the engine's answer (the OpenAI formatters map it back)."""
+    reason = answer.finish_reason
+    if isinstance(reason, dict) and reason.get("type") in ("stop", "length"):
+        return dict(reason)
+    if isinstance(reason, dict) and reason.get("type") == "abort":
+        return {**ABORTED, **reason}
+    return {"type": "stop", "matched": ids[-1] if ids and ids[-1] == eos_token_id else None}
 
 
 def probe(url: str, tokenizer: Any, context_length: int | None = None) -> UpstreamInfo:
@@ -238,7 +252,8 @@ def probe(url: str, tokenizer: Any, context_length: int | None = None) -> Upstre
         raise UpstreamError(f"upstream {url} names no context length (neither /get_server_info's context_length "
                             "nor /v1/models' max_model_len): give --context-length")
     version = server.get("version") if isinstance(server.get("version"), str) else None
-    return UpstreamInfo(str(model), context, version, same)
+    flavor = "sglang" if first_model.get("owned_by") == "sglang" else "vllm"
+    return UpstreamInfo(str(model), context, version, same, flavor)
 
 
 def _dict(value: Any) -> dict[str, Any]:
