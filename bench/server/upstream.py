@@ -49,7 +49,7 @@ _DROP_REPLY = {"content-length", "transfer-encoding", "connection", "keep-alive"
 PROBE_TEXT = "<|im_start|>user\nrollout-bench probe: naïve café, 12345 tokens?<|im_end|>\n"
 
 
-class UpstreamError(RuntimeError):
+class UpstreamError(ValueError):
     """The upstream cannot be used (unreachable, or it names no context length); the message says which."""
 
 
