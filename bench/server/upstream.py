@@ -169,12 +169,13 @@ class Upstream:
 
     def place(self, ids: list[int], hint: str | None) -> Identity:
         """Who sent these input ids: the tracker's placement, as the replay's Identity (attempts count from 1).
-        Identical turn-0 inputs of a group's members are told apart by arrival order (`by_order`): the tracker
-        takes no hint, so an `X-Bench-Trajectory` header is passed on to the engine but not used here."""
-        del hint
-        placement = self.tracker.place(ids_key(ids))
+        A request naming its trajectory (`hint`: an `X-Bench-Trajectory` header, a `rid`) is placed there when it
+        fits; otherwise identical turn-0 inputs of a group's members are told apart by arrival order (`by_order`),
+        and a failed member's identical sibling may be taken for its retry: the fault decisions then depend on
+        the order requests came in."""
+        placement = self.tracker.place(ids_key(ids), hint)
         identity = Identity(placement.trajectory, placement.group, placement.turn, placement.attempt + 1,
-                            by_order=placement.turn == 0)
+                            by_order=placement.turn == 0 and placement.trajectory != hint)
         self._open[identity] = _Open(placement)
         return identity
 

@@ -1,0 +1,371 @@
+"""The fault engine in front of a LIVE engine (`rollout-bench proxy`, `run --upstream`).
+
+The upstream here is the bench's own mock serving rlvr-500 with NO fault plan: everything faulty the client
+sees was done by the proxy in front of it. Each live-applicable fault fires under a plan, is in the proxy's
+fault log with its identity, and shows to a plain aiohttp client; the same plan and seed fire the same events
+at any concurrency; a fault that cannot act on live replies is refused by name; and a whole `run --upstream`
+finds seed-000's crash exactly where the mock run finds it, and nothing on the fixed variant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from array import array
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import aiohttp
+import pytest
+
+from bench.orchestration.runner import RunConfig, run_blocking
+from bench.replay.store import RecordedTrajectory
+from bench.server import ServerThread
+from bench.server.proxy import load_upstream_context
+from faults import Plan, PlanError, plan_from_specs, resolve_plan
+from faults.hooks import POISON_MARKER
+from faults.live import LIVE, REFUSED, check_live_plan, unclassified
+
+EOS = 1758
+NO_WORKERS = b'{"error":{"type":"Service Unavailable","code":"no_available_workers","message":"No available workers (all circuits open or unhealthy)"}}'
+
+
+@pytest.fixture
+def upstream() -> Iterator[ServerThread]:
+    """A fresh, fault-free mock engine per test (its request identification starts over too)."""
+    with ServerThread("rlvr-500") as thread:
+        yield thread
+
+
+@contextmanager
+def proxy(upstream: ServerThread, *specs: str, seed: int = 0, **options: Any) -> Iterator[ServerThread]:
+    """The proxy in front of `upstream`, carrying a plan of `specs` (every rule always fires unless scheduled)."""
+    plan = plan_from_specs(list(specs), seed) if specs else None
+    context = load_upstream_context(upstream.url, trace="rlvr-500", plan=plan, **options)
+    with ServerThread(context=context) as thread:
+        yield thread
+
+
+def prompt(thread: ServerThread, group: int = 0) -> tuple[RecordedTrajectory, list[int]]:
+    trajectory = thread.context.store.trajectories[group * 4]
+    return trajectory, list(array("i", trajectory.sequences[0][: trajectory.prompt_len * 4]))
+
+
+@dataclass
+class Seen:
+    """What a plain aiohttp client got: status, headers, parsed body or stream events, or the error it raised."""
+
+    status: int | None = None
+    headers: dict[str, str] | None = None
+    body: Any = None
+    events: list[Any] | None = None
+    raw: bytes = b""
+    error: BaseException | None = None
+    elapsed: float = 0.0
+
+
+def call(url: str, path: str, body: dict[str, Any], *, timeout: float = 30) -> Seen:
+    async def go() -> Seen:
+        seen = Seen()
+        started = time.monotonic()
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http:
+                async with http.post(url + path, json=body) as reply:
+                    seen.status, seen.headers = reply.status, dict(reply.headers)
+                    seen.raw = await reply.read()
+                    if body.get("stream"):
+                        seen.events = [json.loads(line[6:]) for line in seen.raw.decode().split("\n\n")
+                                       if line.startswith("data: {")]
+                    else:
+                        seen.body = json.loads(seen.raw)
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as error:
+            seen.error = error
+        seen.elapsed = time.monotonic() - started
+        return seen
+
+    return asyncio.run(go())
+
+
+def generate(url: str, ids: list[int], *, stream: bool = False, timeout: float = 30) -> Seen:
+    return call(url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2048, "temperature": 1.0},
+                                   "return_logprob": True, "stream": stream}, timeout=timeout)
+
+
+def outputs(thread: ServerThread, group: int) -> list[list[int]]:
+    """The recorded outputs of a group's members: the engine (the mock) gives each one of them, in order."""
+    return [recorded(t)[0] for t in thread.context.store.trajectories[group * 4: group * 4 + 4]]
+
+
+def one_event(thread: ServerThread, fault: str) -> dict[str, Any]:
+    events = thread.context.faults.log.as_dicts()
+    assert [e["fault"] for e in events] == [fault], events
+    return events[0]
+
+
+def recorded(trajectory: RecordedTrajectory) -> tuple[list[int], list[float]]:
+    turn = trajectory.turns[0]
+    return list(turn.output_ids), list(turn.logprobs or [])
+
+
+# -- each live-applicable fault: fired, logged with its identity, seen by the client ---------------------------------
+def test_missing_logprobs(upstream: ServerThread) -> None:
+    with proxy(upstream, "missing_logprobs") as front:
+        trajectory, ids = prompt(front)
+        seen = generate(front.url, ids)
+        assert seen.status == 200 and "output_token_logprobs" not in seen.body["meta_info"]
+        assert seen.body["output_ids"] == recorded(trajectory)[0]  # the engine's tokens, its logprobs gone
+        event = one_event(front, "missing_logprobs")
+        assert (event["trajectory"], event["group"], event["turn"], event["attempt"]) == (trajectory.id, "g00000", 0, 1)
+        assert seen.headers["X-Bench-Served-Trajectory"] == trajectory.id
+        assert event["request_id"] == seen.body["meta_info"]["id"]
+    direct = generate(upstream.url, ids)  # the engine itself sends them: the proxy dropped them
+    assert len(direct.body["meta_info"]["output_token_logprobs"]) == len(direct.body["output_ids"])
+
+
+def test_unfaulted_answers_are_the_engines(upstream: ServerThread) -> None:
+    with proxy(upstream) as front:
+        trajectory, ids = prompt(front, 3)
+        seen = generate(front.url, ids)
+        streamed = generate(front.url, ids, stream=True)
+    output, logprobs = recorded(trajectory)
+    assert seen.status == 200 and seen.body["output_ids"] == output
+    assert [t[0] for t in seen.body["meta_info"]["output_token_logprobs"]] == pytest.approx(logprobs)
+    assert seen.body["meta_info"]["finish_reason"] == trajectory.turns[0].finish_reason
+    assert streamed.events[-1]["output_ids"] == recorded(front.context.store.trajectories[13])[0]  # member 1
+    assert not front.context.faults.log.as_dicts()
+
+
+def test_router_no_workers(upstream: ServerThread) -> None:
+    with proxy(upstream, "router_no_workers") as front:
+        trajectory, ids = prompt(front)
+        seen = call(front.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8}})
+        assert seen.status == 503 and seen.raw == NO_WORKERS
+        assert seen.headers["x-smg-error-code"] == "no_available_workers"
+        event = one_event(front, "router_no_workers")
+        assert (event["trajectory"], event["attempt"]) == (trajectory.id, 1)
+        again = call(front.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8}})
+        assert again.status == 503  # the resubmission is that turn's next attempt, and the rule fires again
+        assert [(e["trajectory"], e["attempt"]) for e in front.context.faults.log.as_dicts()] == [
+            (trajectory.id, 1), (trajectory.id, 2)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_abort(upstream: ServerThread, stream: bool) -> None:
+    with proxy(upstream, "abort:keep=0.5") as front:
+        trajectory, ids = prompt(front)
+        seen = generate(front.url, ids, stream=stream)
+        final = seen.events[-1] if stream else seen.body
+        output = recorded(trajectory)[0]
+        assert final["meta_info"]["finish_reason"]["type"] == "abort"
+        assert final["meta_info"]["completion_tokens"] == len(output) // 2
+        event = one_event(front, "abort")
+        assert event["change"] == f"aborted after {len(output) // 2} tokens"
+        served = front.context.served
+        entry = served.of_trajectory(trajectory.id)[0]
+        assert list(served.tokens(entry)) == output[: len(output) // 2]  # the served-tokens log holds what was sent
+
+
+def test_stale_weight_version(upstream: ServerThread) -> None:
+    with proxy(upstream, "stale_weight_version:behind=2") as front:
+        trajectory, ids = prompt(front)
+        update = call(front.url, "/update_weight_version", {"new_version": "7"})  # forwarded to the engine
+        assert update.status == 200 and upstream.context.state.weight_version == "7"
+        seen = generate(front.url, ids)
+        assert seen.body["meta_info"]["weight_version"] == "5"
+        assert generate(upstream.url, ids).body["meta_info"]["weight_version"] == "7"  # what the engine said
+        assert one_event(front, "stale_weight_version")["change"] == "weight_version 7 -> 5"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_truncated_body(upstream: ServerThread, stream: bool) -> None:
+    with proxy(upstream, "truncated_body:keep=0.5") as front:
+        trajectory, ids = prompt(front)
+        seen = generate(front.url, ids, stream=stream)
+        assert seen.status == 200 and isinstance(seen.error, aiohttp.ClientPayloadError)
+        assert one_event(front, "truncated_body")["trajectory"] == trajectory.id
+
+
+def test_latency_keeps_the_answer(upstream: ServerThread) -> None:
+    with proxy(upstream) as plain:
+        _, ids = prompt(plain)
+        baseline = generate(plain.url, ids)
+    with proxy(upstream, "latency:ms=400") as front:
+        seen = generate(front.url, ids)
+        assert seen.elapsed >= 0.4 and seen.body["output_ids"] == recorded(front.context.store.trajectories[1])[0]
+        assert one_event(front, "latency")["change"] == "delayed 400.0 ms"
+    assert baseline.elapsed < 0.4
+
+
+def test_stall(upstream: ServerThread) -> None:
+    with proxy(upstream, "stall:seconds=5") as front:
+        trajectory, ids = prompt(front)
+        seen = generate(front.url, ids, timeout=0.6)
+        assert isinstance(seen.error, asyncio.TimeoutError) and seen.status is None  # not a byte came
+        assert one_event(front, "stall")["trajectory"] == trajectory.id
+
+
+def test_connection_reset_and_http_error(upstream: ServerThread) -> None:
+    with proxy(upstream, "connection_reset:turns=0,attempts=1", "http_error:status=500,attempts=2") as front:
+        trajectory, ids = prompt(front)
+        reset = generate(front.url, ids)
+        assert isinstance(reset.error, aiohttp.ServerDisconnectedError)
+        error = generate(front.url, ids)
+        assert error.status == 500 and error.raw == b"Internal Server Error"
+        fine = generate(front.url, ids)
+        # the engine answered all three (the proxy forwards before its plan answers instead): its third member's
+        assert fine.status == 200 and fine.body["output_ids"] == outputs(front, 0)[2]
+        assert [(e["fault"], e["trajectory"], e["attempt"]) for e in front.context.faults.log.as_dicts()] == [
+            ("connection_reset", trajectory.id, 1), ("http_error", trajectory.id, 2)]
+
+
+def test_faults_that_write_text(upstream: ServerThread) -> None:
+    with proxy(upstream, "raise_after_generate:groups=g00000", "oversized_tool_output:bytes=5000,groups=g00001"
+               ) as front:
+        _, poisoned_ids = prompt(front, 0)
+        _, tool_ids = prompt(front, 1)
+        poisoned = generate(front.url, poisoned_ids)
+        assert POISON_MARKER in poisoned.body["text"]
+        assert front.context.tokenizer.decode(poisoned.body["output_ids"], skip_special_tokens=True) == \
+            poisoned.body["text"]
+        tool = generate(front.url, tool_ids)
+        assert "<tool_call>" in tool.body["text"] and "head -c 5000" in tool.body["text"]
+        assert sorted(e["fault"] for e in front.context.faults.log.as_dicts()) == [
+            "oversized_tool_output", "raise_after_generate"]
+
+
+def test_openai_routes(upstream: ServerThread) -> None:
+    with proxy(upstream, "text_without_ids:trajectories=g00000-0", "nan_logprob:groups=g00001") as front:
+        trajectory, ids = prompt(front, 0)
+        seen = call(front.url, "/v1/completions", {"model": "m", "prompt": ids, "max_tokens": 64, "logprobs": 1})
+        assert seen.status == 200 and "token_ids" not in seen.body["choices"][0]
+        assert seen.body["choices"][0]["text"] == front.context.tokenizer.decode(
+            recorded(trajectory)[0][:64], skip_special_tokens=True)
+        _, other = prompt(front, 1)
+        nan = call(front.url, "/v1/completions", {"model": "m", "prompt": other, "max_tokens": 64, "logprobs": 1})
+        assert b"NaN" in nan.raw
+        chat = call(front.url, "/v1/chat/completions", {"model": "m", "messages": trajectory.prompt_messages,
+                                                         "max_tokens": 16, "logprobs": True})
+        assert chat.status == 200 and chat.body["choices"][0]["message"]["role"] == "assistant"
+        assert sorted(e["fault"] for e in front.context.faults.log.as_dicts()) == ["nan_logprob", "text_without_ids"]
+
+
+def test_admin_routes_are_the_engines(upstream: ServerThread) -> None:
+    with proxy(upstream) as front:
+        for path in ("/get_model_info", "/get_server_info", "/v1/models", "/health"):
+            async def both(path: str = path) -> tuple[tuple[int, bytes], tuple[int, bytes]]:
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(front.url + path) as a, http.get(upstream.url + path) as b:
+                        return (a.status, await a.read()), (b.status, await b.read())
+
+            (status, body), (direct_status, _) = asyncio.run(both())
+            assert status == direct_status == 200
+            if path in ("/get_model_info",):
+                assert json.loads(body)["model_path"] == "rollout-bench/synthetic"
+        flushed = call(front.url, "/flush_cache", {})
+        assert flushed.error is not None or flushed.status == 200  # plain text, forwarded
+        endpoints = [r.endpoint for r in upstream.context.log.records]
+        assert "/flush_cache" in endpoints and "/get_server_info" in endpoints  # it reached the engine
+
+
+# -- determinism ---------------------------------------------------------------------------------------------------
+CHURN = ("missing_logprobs:p=0.3", "abort:p=0.2", "http_error:status=503,p=0.15", "stale_weight_version:p=0.2",
+         "latency:ms=20,p=0.2")
+
+
+def _run(upstream: str, concurrency: int, target: str = "ref-gather:fixed", **options: Any) -> Any:
+    return run_blocking(RunConfig(trace="rlvr-500", plan=plan_from_specs(list(CHURN), 11), target=target, n=40,
+                                  concurrency=concurrency, upstream=upstream, isolation="inline", **options))
+
+
+def test_same_plan_same_events_at_any_concurrency(upstream: ServerThread) -> None:
+    serial = _run(upstream.url, 1)
+    parallel = _run(upstream.url, 32)
+    identities = sorted((e.rule, e.fault, e.trajectory, e.turn, e.attempt) for e in serial.fault_events)
+    assert len(identities) >= 20 and {e.fault for e in serial.fault_events} == {
+        "missing_logprobs", "abort", "http_error", "stale_weight_version", "latency"}
+    assert identities == sorted((e.rule, e.fault, e.trajectory, e.turn, e.attempt) for e in parallel.fault_events)
+    # and they are the mock's own decisions for those trajectories (same seed, same ids)
+    mock = run_blocking(RunConfig(trace="rlvr-500", plan=plan_from_specs(list(CHURN), 11), target="ref-gather:fixed",
+                                  n=40, concurrency=8, isolation="inline"))
+    assert identities == sorted((e.rule, e.fault, e.trajectory, e.turn, e.attempt) for e in mock.fault_events)
+
+
+# -- refusals ------------------------------------------------------------------------------------------------------
+def test_every_fault_is_classified_for_live_engines() -> None:
+    assert unclassified() == []
+    assert {name for name, (kind, _) in LIVE.items() if kind == REFUSED} == {"abort_all_on_weight_update"}
+
+
+def test_unapplicable_faults_are_refused_by_name(upstream: ServerThread) -> None:
+    with pytest.raises(PlanError, match=r"rule 'abort_all_on_weight_update#0': fault 'abort_all_on_weight_update' "
+                                        r"cannot apply to a live engine's replies: it aborts the generations"):
+        load_upstream_context(upstream.url, plan=plan_from_specs(["abort_all_on_weight_update"], 0))
+    stale_retry = plan_from_specs(["stale_retry"], 0)
+    with pytest.raises(PlanError, match="fault 'stale_retry' cannot apply .* applied by the bench's target adapter"):
+        check_live_plan(stale_retry, tokenizer=True, adapter=False)  # a bare proxy: nobody applies it
+    check_live_plan(stale_retry, tokenizer=True, adapter=True)  # run --upstream: the adapter does
+    with pytest.raises(PlanError, match="fault 'oversized_tool_output' .* needs the model's tokenizer"):
+        check_live_plan(plan_from_specs(["oversized_tool_output"], 0), tokenizer=False, adapter=False)
+    cli = subprocess.run([sys.executable, "-m", "bench", "proxy", "--upstream", upstream.url, "--port", "0",
+                          "--fault", "abort_all_on_weight_update"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and "fault 'abort_all_on_weight_update' cannot apply" in cli.stderr
+
+
+def test_an_unreachable_upstream_is_named() -> None:
+    cli = subprocess.run([sys.executable, "-m", "bench", "proxy", "--upstream", "http://127.0.0.1:9", "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and "upstream http://127.0.0.1:9 is not reachable" in cli.stderr
+
+
+# -- a whole run against the live engine ---------------------------------------------------------------------------
+def _cli_run(tmp: Path, name: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+    out = tmp / name
+    done = subprocess.run([sys.executable, "-m", "bench", "run", "--trace", "rlvr-500", "--n", "40", "--plan",
+                           "seed-000", "--seed", "0", "--repro-reruns", "0", "--out", str(out), "--junit",
+                           str(out / "junit-copy.xml"), *extra], capture_output=True, text=True, timeout=300)
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    return done.returncode, summary, done.stdout + done.stderr
+
+
+def _findings(summary: dict[str, Any]) -> list[tuple[str, str | None]]:
+    return sorted((v["invariant"], v["trajectory"]) for v in summary["violations"])
+
+
+def test_run_upstream_finds_the_seed_000_crash(upstream: ServerThread, tmp_path: Path) -> None:
+    mock_code, mock, _ = _cli_run(tmp_path, "mock", "--target", "ref-gather:unfixed")
+    code, live, output = _cli_run(tmp_path, "live", "--target", "ref-gather:unfixed", "--upstream", upstream.url)
+    assert mock_code == code == 1, output
+    assert _findings(live) == _findings(mock) == [("batch_survival", "g00005-0")]
+    assert live["batch_error"]["type"] == "InjectedFault" and live["batch_error"]["raised_by"] == "g00005-0"
+    assert live["fidelity"] == {"applies": False, "why": f"the answers came from the live engine at {upstream.url}, "
+                                "not from the recording: there is nothing to compare the requests with"}
+    assert "replay fidelity         does not apply" in output or "replay fidelity  does not apply" in output
+    junit = (tmp_path / "live" / "junit-copy.xml").read_text()
+    assert '<testcase classname="rollout_bench.ref-gather:unfixed" name="replay_fidelity">\n    <skipped' in junit
+    assert "does not apply: the answers came from the live engine" in junit
+    assert mock["fidelity"]["unfaithful"] is False  # the mock run does judge it
+    assert 'upstream = "' + upstream.url + '"' in (tmp_path / "live" / "run.toml").read_text()
+    fixed_code, fixed, output = _cli_run(tmp_path, "fixed", "--target", "ref-gather:fixed", "--upstream", upstream.url)
+    assert fixed_code == 0 and fixed["violations"] == [], output
+    assert fixed["outcomes"]["aborted"] == 1 and fixed["provenance"]["mismatch"] == 0
+
+
+def test_a_named_trajectory_is_placed_by_its_name_at_any_order() -> None:
+    """The tracker's hint: a failed member's identical sibling is a new member when it names itself, not a retry."""
+    from bench.capture.tracker import KnownGroup, TrafficTracker, ids_key
+
+    prompt_key = ids_key([5, 6, 7])
+    tracker = TrafficTracker({prompt_key: KnownGroup("g", ("g-0", "g-1"), (0, 1))})
+    second = tracker.place(prompt_key, "g-1")  # arrives first, named: it is g-1, not the first member
+    assert (second.trajectory, second.attempt, second.kind) == ("g-1", 0, "new")
+    tracker.settle(second, b"", "error")
+    first = tracker.place(prompt_key, "g-0")  # unnamed, this would be g-1's retry
+    assert (first.trajectory, first.attempt, first.kind) == ("g-0", 0, "new")
+    again = tracker.place(prompt_key, "g-1")
+    assert (again.trajectory, again.attempt, again.kind) == ("g-1", 1, "retry")
+    assert tracker.place(prompt_key, "nobody").trajectory == "g-2"  # a name that fits nothing is ignored
