@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -314,6 +316,30 @@ def test_unapplicable_faults_are_refused_by_name(upstream: ServerThread) -> None
     cli = subprocess.run([sys.executable, "-m", "bench", "proxy", "--upstream", upstream.url, "--port", "0",
                           "--fault", "abort_all_on_weight_update"], capture_output=True, text=True, timeout=60)
     assert cli.returncode == 2 and "fault 'abort_all_on_weight_update' cannot apply" in cli.stderr
+
+
+def test_the_proxy_command(upstream: ServerThread, tmp_path: Path) -> None:
+    """`rollout-bench proxy` as a user runs it: prints its URL, faults live answers per plan, logs, stops on SIGTERM."""
+    process = subprocess.Popen([sys.executable, "-m", "bench", "proxy", "--upstream", upstream.url, "--port", "0",
+                                "--trace", "rlvr-500", "--fault", "missing_logprobs:turns=0", "--seed", "3",
+                                "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        match = re.search(r"proxy at (http://127\.0\.0\.1:\d+) in front of " + re.escape(upstream.url), line)
+        assert match, line + process.stderr.read()  # type: ignore[union-attr]
+        assert process.stdout.readline().strip() == "fault plan 'command-line': 1 rules, seed 3"  # type: ignore[union-attr]
+        _, ids = prompt(upstream)
+        seen = generate(match.group(1), ids)
+        assert seen.status == 200 and "output_token_logprobs" not in seen.body["meta_info"] and seen.body["output_ids"]
+        assert seen.headers["X-Bench-Served-Trajectory"] == "g00000-0"  # named by the trace's ids
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=15)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "stopped after 1 requests, 1 fault events" in out
+    faults = (tmp_path / "faults.csv").read_text().splitlines()
+    assert len(faults) == 2 and ",missing_logprobs,g00000-0,g00000,0,1,/generate," in faults[1]
 
 
 def test_an_unreachable_upstream_is_named() -> None:
