@@ -72,6 +72,23 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
                              router_version=args.router_version, **options))
 
 
+def _cmd_record(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from bench.capture.serve_recorder import record
+    from bench.capture.upstream import UpstreamError
+
+    if args.context_length is not None and args.context_length <= 0:
+        raise ValueError(f"--context-length must be positive, got {args.context_length}")
+    try:
+        asyncio.run(record(args.upstream, args.out, host=args.host, port=args.port, redact_text=args.redact_text,
+                           force=args.force, tokenizer_dir=args.tokenizer, context_length=args.context_length))
+    except (UpstreamError, FileExistsError) as error:
+        print(f"rollout-bench record: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_plan(plan_spec: str | None, fault_specs: list[str] | None, seed: int | None):  # type: ignore[no-untyped-def]
     """The run's fault plan: a plan file or shipped name, plus `--fault` rules; `--seed` overrides."""
     from faults import Plan, plan_from_specs, resolve_plan
@@ -413,6 +430,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="shape of the OpenAI-compatible answers (default: the upstream's, from /v1/models)")
     proxy.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
     proxy.set_defaults(run=_cmd_proxy)
+
+    record = sub.add_parser("record", help="a reverse proxy in front of SGLang / vLLM / a router that forwards "
+                            "everything unchanged and records the generations as a trace")
+    record.add_argument("--upstream", required=True, metavar="URL", help="the live server (or router) to record")
+    record.add_argument("--out", required=True, help="the trace to write (.jsonl, or .jsonl.gz: compressed at the "
+                        "clean end); valid at every moment, even if the recorder is killed")
+    record.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    record.add_argument("--port", type=int, default=30001, help="port to listen on (0: pick a free one; default 30001)")
+    record.add_argument("--redact-text", action="store_true", help="keep token ids, drop every text")
+    record.add_argument("--tokenizer", metavar="DIR", help="the model's tokenizer folder (local, Hugging Face "
+                        "format): names the ids in the header and reads tool outputs from appended ids")
+    record.add_argument("--context-length", type=int, help="the context budget, when the upstream does not say")
+    record.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    record.set_defaults(run=_cmd_record)
 
     from bench.targets import DEFAULT_TARGET
 

@@ -2,39 +2,19 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from bench.server import ServerThread
+from tests.router_helpers import free_port as _free_port
+from tests.router_helpers import wait_ready as _wait_ready
 from tests.server_helpers import Reply, request, turn_input
 
 NO_WORKERS = (b'{"error":{"type":"Service Unavailable","code":"no_available_workers",'
               b'"message":"No available workers (all circuits open or unhealthy)"}}')
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_ready(router: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if router.poll() is not None:
-            pytest.fail(f"sglang-router exited with {router.returncode}:\n{log.read_text()[-2000:]}")
-        try:
-            if request(url, "/readiness", timeout=2).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"sglang-router not ready after 60 s:\n{log.read_text()[-2000:]}")
 
 
 @pytest.mark.slow

@@ -26,9 +26,16 @@ class RecordedTools:
     """The tool sandbox, replayed: each call gets the output the trace recorded for it."""
 
     def __init__(self, outputs: dict[str, list[list[tuple[str, dict[str, Any], str]]]],
-                 rewards: dict[str, float | None]) -> None:
+                 rewards: dict[str, float | None], groups: dict[str, str] | None = None) -> None:
         self._outputs = outputs  # trajectory -> turn -> [(tool name, arguments, output text)]
         self.rewards = rewards
+        # trajectory -> group: members of a group send identical first requests, and a server that tells them apart
+        # only by arrival order (through a router, which drops the bench's headers) may hand one member another's
+        # answer; that member then makes the other's tool calls, which the sandbox answers as recorded for them
+        self._members: dict[str, list[str]] = {}
+        for trajectory, group in (groups or {}).items():
+            self._members.setdefault(group, []).append(trajectory)
+        self._group_of = dict(groups or {})
 
     @classmethod
     def load(cls, path: str | Path, specs: list[TrajectorySpec]) -> "RecordedTools":
@@ -51,7 +58,7 @@ class RecordedTools:
                                   for call in turn.tool_calls])
                 outputs[trajectory.id] = turns
                 rewards[trajectory.id] = trajectory.reward
-        return cls(outputs, rewards)
+        return cls(outputs, rewards, {spec.id: spec.group for spec in specs})
 
     def run(self, trajectory: str, turn: int, call: dict[str, Any]) -> str:
         """The output of one tool call made at `turn` of `trajectory`."""
@@ -65,8 +72,10 @@ class RecordedTools:
             emitted = _EMIT_CODE.fullmatch(code.strip())
             if emitted:
                 return "x" * int(emitted.group(1)) + "\n"  # what `print('x' * N)` prints
-        turns = self._outputs.get(trajectory, [])
-        for name, arguments, text in turns[turn] if turn < len(turns) else []:
-            if name == call["name"] and arguments == call["arguments"]:
-                return text
+        members = self._members.get(self._group_of.get(trajectory, ""), [])
+        for member in [trajectory, *(m for m in members if m != trajectory)]:
+            turns = self._outputs.get(member, [])
+            for name, arguments, text in turns[turn] if turn < len(turns) else []:
+                if name == call["name"] and arguments == call["arguments"]:
+                    return text
         return f"error: tool {call['name']!r} failed: no such call in this sandbox"

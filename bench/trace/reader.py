@@ -178,7 +178,8 @@ def validate_trace(path: str | Path) -> Iterator[Problem]:
         yield error.problem
         return
     with reader:
-        tokenizer = load_tokenizer() if reader.header.tokenizer.name == TOKENIZER_NAME else None
+        redacted = reader.header.metadata.get("text_redacted") is True  # `record --redact-text`: ids, no texts
+        tokenizer = load_tokenizer() if reader.header.tokenizer.name == TOKENIZER_NAME and not redacted else None
         try:
             for number, line in reader.lines():
                 try:

@@ -1,0 +1,91 @@
+"""The recording's file: a valid trace at every moment, holding every exchange that completed.
+
+A recording cannot know when a trajectory is over, and a recorder may be killed (SIGKILL included) at any
+moment. So each finished exchange is appended at once as a *fragment*: a trajectory of its own, one line,
+written with a single `write` (its prompt is the turn's whole input, so it stands alone and replays alone).
+From time to time, and when the recorder stops cleanly, the file is rewritten as whole trajectories (turns
+joined, fragments gone) into a temporary file renamed over the old one, so a kill never leaves a half-written
+file. Rewrites happen when the fragments written since the last one outweigh the joined trajectories (and at
+least `COMPACT_MIN_BYTES`): fragments repeat their prompts, and this keeps the bytes written a small multiple
+of the trace's size. The file is plain JSON Lines while recording; a `.gz` name is compressed at the clean end
+(the reader tells the two apart by content).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+import msgspec
+
+from bench.trace import TraceHeader, Trajectory
+from bench.trace.checks import check_header, check_trajectory
+from bench.trace.errors import Problem, TraceFormatError
+
+COMPACT_MIN_BYTES = 8 * 2**20
+
+_encode = msgspec.json.Encoder().encode
+
+
+class Journal:
+    """Appends fragments to `path` and rewrites it whole on `compact` (see the module docstring)."""
+
+    def __init__(self, path: str | Path, header: TraceHeader, *, force: bool = False) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not force:
+            raise FileExistsError(f"{self.path} exists; pass --force to overwrite it")
+        for field, message in check_header(header):
+            raise TraceFormatError(Problem(str(self.path), 1, field, message))
+        self.header = header
+        self.fragments_written = 0
+        self.compactions = 0
+        self._fragment_bytes = 0
+        self._joined_bytes = 0
+        self._rewrite([])
+
+    def append(self, fragment: Trajectory) -> None:
+        """One finished exchange, on disk before this returns (one `write` of one whole line)."""
+        for field, message in check_trajectory(fragment, self.header):
+            raise TraceFormatError(Problem(str(self.path), 0, field, f"fragment {fragment.id}: {message}"))
+        line = _encode(fragment) + b"\n"
+        os.write(self._fd, line)
+        self.fragments_written += 1
+        self._fragment_bytes += len(line)
+
+    def wants_compaction(self) -> bool:
+        return self._fragment_bytes > max(COMPACT_MIN_BYTES, self._joined_bytes)
+
+    def compact(self, trajectories: list[Trajectory], header: TraceHeader | None = None) -> None:
+        """Replace the file by the header and these whole trajectories (every exchange so far, joined)."""
+        self.header = header or self.header
+        self._rewrite(trajectories)
+        self.compactions += 1
+
+    def close(self, trajectories: list[Trajectory], header: TraceHeader | None = None) -> None:
+        """The clean end: the whole trajectories, compressed when the name ends in `.gz`."""
+        self.header = header or self.header
+        for number, trajectory in enumerate(trajectories, start=2):
+            for field, message in check_trajectory(trajectory, self.header):
+                raise TraceFormatError(Problem(str(self.path), number, field, message))
+        compress = self.path.suffix == ".gz"
+        self._rewrite(trajectories, compress=compress)
+        os.close(self._fd)
+        self._fd = -1
+
+    def _rewrite(self, trajectories: list[Trajectory], *, compress: bool = False) -> None:
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
+        with open(temporary, "wb") as raw:
+            out = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if compress else raw
+            out.write(_encode(self.header) + b"\n")
+            joined = 0
+            for trajectory in trajectories:
+                line = _encode(trajectory) + b"\n"
+                out.write(line)
+                joined += len(line)
+            if compress:
+                out.close()
+        os.replace(temporary, self.path)
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._joined_bytes, self._fragment_bytes = joined, 0

@@ -1,0 +1,122 @@
+"""Round trip: a shipped trace served by the mock, recorded through `record` in front of the real sglang-router
+while a real target runs, then replayed from the recording: the same trajectories, turns, ids and logprobs,
+and zero drift."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.capture.serve_recorder import RecordingProxy
+from bench.orchestration.runner import RunConfig, _spec, run_blocking
+from bench.records.sample import SampleRecord
+from bench.server import ServerThread
+from bench.targets import resolve_target
+from bench.targets.base import RolloutJob
+from bench.tokenizer import tokenizer_path
+from bench.trace import Trajectory, open_trace, validate_trace
+from tests.router_helpers import real_router
+
+
+def _trajectories(path: str | Path, n: int | None = None) -> list[Trajectory]:
+    with open_trace(path) as reader:
+        found = list(reader)
+    return found[:n] if n is not None else found
+
+
+def _turns(trajectory: Trajectory) -> list[tuple[Any, ...]]:
+    """Per turn: its whole input, the answer's ids, logprobs and finish."""
+    return [(tuple(ids or ()), tuple(turn.response.output_ids), tuple(turn.response.logprobs or ()),
+             (turn.response.finish_reason or {}).get("type"))
+            for turn, ids in zip(trajectory.turns, trajectory.iter_request_input_ids())]
+
+
+def _assert_recorded_what_was_served(recorded: list[Trajectory], originals: list[Trajectory], served: int) -> None:
+    """Every answer the mock served is in the recording, in the trajectory and turn it belongs to, unchanged.
+
+    Members of a group send identical first requests and the mock tells them apart by arrival order, which a
+    router reorders: a member may be served another member's answers (and a target that caps turns by its own
+    trajectory stop early). So each recorded turn is checked against the same turn of its group's members."""
+    assert sum(len(t.turns) for t in recorded) == served
+    by_prompt: dict[tuple[int, ...], list[Trajectory]] = {}
+    for original in originals:
+        by_prompt.setdefault(tuple(original.prompt.ids), []).append(original)
+    for trajectory in recorded:
+        members = by_prompt[tuple(trajectory.prompt.ids)]
+        for index, turn in enumerate(_turns(trajectory)):
+            assert any(index < len(m.turns) and _turns(m)[index] == turn for m in members), (trajectory.id, index)
+    assert len({t.group_id for t in recorded}) == len(by_prompt)
+
+
+async def _record_run(target_spec: str, trace: str, n: int, folder: Path, concurrency: int,
+                      python: str | None = None) -> tuple[Path, list[SampleRecord], list[Trajectory], int]:
+    """Run the target on the trace's first n trajectories against record -> router -> mock; the recording."""
+    records: list[SampleRecord] = []
+    with ServerThread(trace) as mock, real_router([mock.url], folder) as (router_url, _):
+        store = mock.context.store
+        specs = [_spec(t) for t in store.trajectories[:n]]
+        mock.context.identifier.dispatched = frozenset(s.id for s in specs)
+        proxy = RecordingProxy(router_url, folder / "recorded.jsonl", tokenizer_dir=str(tokenizer_path()))
+        url = await proxy.start()
+        try:
+            job = RolloutJob(url, specs, store.header.context_length, tokenizer_path(), concurrency, 0, [],
+                             {"trace": str(store.path)})
+            if python is None:
+                target = resolve_target(target_spec)
+            else:
+                from bench.isolation.process import IsolatedTarget
+                target = IsolatedTarget(target_spec, python)
+            prepare = getattr(target, "prepare", None)
+            if prepare is not None:
+                await asyncio.to_thread(prepare, job)
+            await target.run(job, records.append)
+        finally:
+            path = await proxy.stop()
+        originals = [t for t in _trajectories(store.path) if t.id in {s.id for s in specs}]
+        served = sum(r.endpoint == "/generate" for r in mock.context.log.records)
+    return path, records, originals, served
+
+
+def _check_round_trip(path: Path, originals: list[Trajectory], served: int, target_spec: str, concurrency: int,
+                      python: str | None) -> None:
+    assert [p.message for p in validate_trace(path)] == []
+    recorded = _trajectories(path)
+    assert len(recorded) == len(originals)
+    _assert_recorded_what_was_served(recorded, originals, served)
+
+    result = run_blocking(RunConfig(trace=str(path), target=target_spec, plan=None, concurrency=concurrency,
+                                    isolation="process" if python else "inline", python=python))
+    generations = [r for r in result.requests if r.endpoint == "/generate"]
+    assert generations and all(r.trajectory is not None and r.drift is None for r in generations)
+    replayed = Counter((r.trajectory, r.turn) for r in generations)
+    assert replayed == Counter((t.id, k) for t in recorded for k in range(len(t.turns)))  # each turn, once
+    assert result.violations == [], [(v.invariant, v.message) for v in result.violations]
+
+
+@pytest.mark.slow
+def test_multi_turn_reference_target_round_trips_through_the_real_router(tmp_path: Path) -> None:
+    """One request at a time: members of a group send identical first requests, which the mock assigns to
+    members in arrival order; the tool loop caps a trajectory's turns by its own recording, so a member served
+    another's answers drifts from the trace. In order, the traffic is the trace's (and the recorder's placing of
+    concurrent identical requests is the miles test's and the tracker tests' subject)."""
+    target = "ref-tool-loop:fixed"
+    path, samples, originals, served = asyncio.run(_record_run(target, "agentic-500", 24, tmp_path, 1))
+    assert served > 24 * 3  # multi-turn: later turns extend earlier ones
+    assert len(samples) == 24 and all(s.outcome in ("completed", "truncated") for s in samples)
+    _check_round_trip(path, originals, served, target, 1, None)
+
+
+@pytest.mark.slow
+def test_miles_round_trips_through_the_real_router(tmp_path: Path) -> None:
+    from bench.targets.frameworks.envs import target_python
+
+    python = target_python("miles")
+    if python is None:
+        pytest.skip("the miles environment is not built (make targets): the miles round trip did not run")
+    path, samples, originals, served = asyncio.run(_record_run("miles", "rlvr-500", 32, tmp_path, 16, python))
+    assert len(samples) == 32 and served == 32
+    _check_round_trip(path, originals, served, "miles", 16, python)
