@@ -65,11 +65,10 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
     from bench.server.proxy import proxy
 
     plan = build_plan(args.plan, args.fault, args.seed)
-    options = {key: value for key, value in (("sglang_version", args.sglang_version),
-                                             ("openai_flavor", args.openai_flavor)) if value}
+    options = {"openai_flavor": args.openai_flavor} if args.openai_flavor else {}
     return asyncio.run(proxy(args.upstream, host=args.host, port=args.port, log_dir=args.log_dir, plan=plan,
                              trace=args.trace, tokenizer_dir=args.tokenizer, context_length=args.context_length,
-                             router_version=args.router_version, **options))
+                             sglang_version=args.sglang_version, router_version=args.router_version, **options))
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
@@ -422,8 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--context-length", type=int, help="the model's context length, when the upstream names none")
     proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     proxy.add_argument("--port", type=int, default=30000, help="port (0: pick a free one; default 30000)")
-    proxy.add_argument("--sglang-version", choices=list(PROFILES),
-                       help="SGLang response shapes to write (default: the upstream's version, else the latest)")
+    proxy.add_argument("--sglang-version", default=DEFAULT_PROFILE, choices=list(PROFILES),
+                       help=f"SGLang release whose response shapes the answers are written in (default {DEFAULT_PROFILE})")
     proxy.add_argument("--router-version", default="0.3.2", choices=["0.3.2", "0.2"],
                        help="sglang-router version whose 503 answers are written (default 0.3.2)")
     proxy.add_argument("--openai-flavor", choices=["vllm", "sglang"],

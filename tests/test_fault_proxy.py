@@ -345,7 +345,7 @@ def test_the_proxy_command(upstream: ServerThread, tmp_path: Path) -> None:
 def test_an_unreachable_upstream_is_named() -> None:
     cli = subprocess.run([sys.executable, "-m", "bench", "proxy", "--upstream", "http://127.0.0.1:9", "--port", "0"],
                          capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 2 and "upstream http://127.0.0.1:9 is not reachable" in cli.stderr
+    assert cli.returncode == 2 and "upstream http://127.0.0.1:9 does not answer" in cli.stderr, cli.stderr
 
 
 # -- a whole run against the live engine ---------------------------------------------------------------------------
@@ -395,3 +395,25 @@ def test_a_named_trajectory_is_placed_by_its_name_at_any_order() -> None:
     again = tracker.place(prompt_key, "g-1")
     assert (again.trajectory, again.attempt, again.kind) == ("g-1", 1, "retry")
     assert tracker.place(prompt_key, "nobody").trajectory == "g-2"  # a name that fits nothing is ignored
+
+
+def test_a_local_tokenizer_writes_answers_as_the_bench_tokenizer_does(tmp_path: Path) -> None:
+    """`--tokenizer DIR` (a live model's folder, read by transformers): what the proxy's formatters call of it agrees
+    with the bench's own tokenizer on the bench's folder, copied so it is taken for a model's."""
+    import shutil
+
+    from bench.capture.upstream import LocalTokenizer
+    from bench.tokenizer import load_tokenizer, tokenizer_path
+
+    pytest.importorskip("transformers", reason="--tokenizer DIR reads the folder with transformers")
+    folder = shutil.copytree(tokenizer_path(), tmp_path / "model-tokenizer")
+    local, bench = LocalTokenizer(str(folder)), load_tokenizer()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "naïve café: 2+2?"}]
+    assert local.apply_chat_template(messages, add_generation_prompt=True) == bench.apply_chat_template(
+        messages, add_generation_prompt=True)
+    ids = bench.encode(bench.apply_chat_template(messages, add_generation_prompt=True) + "4, of course.")
+    assert local.encode(local.decode(ids)) == ids and local.decode(ids, skip_special_tokens=True) == bench.decode(
+        ids, skip_special_tokens=True)
+    assert [local.is_special(i) for i in ids] == [bench.is_special(i) for i in ids]
+    assert local.is_special(local.eos_token_id) and local.eos_token_id == bench.eos_token_id
+    assert b"".join(local.token_bytes(i) for i in bench.encode("plain ascii text")) == b"plain ascii text"

@@ -1,7 +1,8 @@
 """`rollout-bench proxy`: the fault engine in front of a live engine, and the context `run --upstream` serves from.
 
-`load_upstream_context` asks the upstream what it serves (`upstream.probe`), picks the tokenizer (`--tokenizer
-DIR`, else the bench's own when the upstream tokenizes as it does, else a clear refusal), refuses by name a plan
+`load_upstream_context` asks the upstream what it serves (`bench.capture.upstream.probe`, as the recorder does),
+picks the tokenizer (`--tokenizer DIR`, else the bench's own when the upstream is the bench's mock, else a clear
+refusal), refuses by name a plan
 fault that cannot act on live replies (`faults.live`), and builds a server context in upstream mode: the same
 app, fault engine and logs as `serve`, with answers from the engine instead of a trace.
 """
@@ -9,6 +10,7 @@ app, fault engine and logs as `serve`, with answers from the engine instead of a
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import signal
 from array import array
 import sys
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 from bench.capture.tracker import KnownGroup, TrafficTracker, ids_key
+from bench.capture.upstream import UpstreamError, UpstreamInfo, probe, tokenizer_for
 from bench.replay import TraceStore
 from bench.replay.store import RecordedTrajectory
 from bench.tokenizer import load_tokenizer
@@ -25,8 +28,8 @@ from faults import Plan, resolve_plan
 from faults.live import check_live_plan
 
 from .context import ServerConfig, ServerContext
-from .profiles import DEFAULT_PROFILE, PROFILES, get_profile
-from .upstream import Upstream, UpstreamError, probe
+from .profiles import DEFAULT_PROFILE, get_profile
+from .upstream import Upstream
 
 
 def known_groups(store: TraceStore) -> dict[bytes, KnownGroup]:
@@ -42,50 +45,52 @@ def known_groups(store: TraceStore) -> dict[bytes, KnownGroup]:
     return known
 
 
-def _profile(sglang_version: str | None, reported: str | None) -> str:
-    """The version profile the proxy writes answers in: the one asked for, else the upstream's, else the default."""
-    if sglang_version:
-        return sglang_version
-    if reported:
-        key = reported.split(".post")[0]
-        if key in PROFILES:
-            return key
-    return DEFAULT_PROFILE
+class ProxyError(ValueError):
+    """The proxy cannot serve in front of this upstream (unreachable, no tokenizer, no context length): a bad
+    command line, which the command line reports as such."""
+
+
+def _ask(upstream: str) -> UpstreamInfo:
+    """The upstream's own account (`bench.capture.upstream.probe`), from sync code inside or outside a loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            return pool.submit(asyncio.run, probe(upstream)).result()
+        except UpstreamError as error:
+            raise ProxyError(str(error)) from None
 
 
 def load_upstream_context(upstream: str, *, trace: str | Path | None = None, plan: Plan | str | None = None,
-                          tokenizer_dir: str | None = None, sglang_version: str | None = None,
+                          tokenizer_dir: str | None = None, sglang_version: str = DEFAULT_PROFILE,
                           context_length: int | None = None, adapter: bool = False,
                           groups_of: Collection[str] | None = None, time_scale: float = 0.0,
                           **options: Any) -> ServerContext:
     """A server context whose answers come from the engine at `upstream`. `trace`: the dataset whose prompts
     the client sends (its trajectory and group ids name the traffic); `adapter`: a bench target adapter is the
     client (`run --upstream`: client-side faults are then allowed). `time_scale` is ignored: the engine paces
-    its own answers."""
+    its own answers. Raises `ProxyError` (unreachable, no tokenizer, no context length) and `PlanError`."""
     del time_scale
-    bench_tokenizer = load_tokenizer()
-    info = probe(upstream, bench_tokenizer, context_length)
-    if tokenizer_dir:
-        from bench.tokenizer.hf import HFTokenizer
-
-        tokenizer: Any = HFTokenizer(tokenizer_dir)
-    elif info.speaks_bench_tokenizer:
-        tokenizer = bench_tokenizer
-    else:
-        raise UpstreamError(f"upstream {upstream} does not tokenize as the bench's own tokenizer, and the proxy "
-                            "rewrites answers in the model's vocabulary: give --tokenizer DIR (the model's local "
-                            "tokenizer folder)")
+    info = _ask(upstream)
+    try:
+        tokenizer, _, _ = tokenizer_for(info, tokenizer_dir)
+    except UpstreamError as error:
+        raise ProxyError(str(error)) from None
+    if tokenizer is None:
+        raise ProxyError(f"upstream {upstream} is not the bench's mock, and the proxy rewrites answers in the "
+                            "model's vocabulary: give --tokenizer DIR (the model's local tokenizer folder)")
+    context = context_length or info.context_length
+    if not context or context <= 0:
+        raise ProxyError(f"upstream {upstream} names no context length (neither /get_server_info's "
+                            "context_length nor /v1/models' max_model_len): give --context-length")
     if isinstance(plan, str):
         plan = resolve_plan(plan)
     if plan is not None:
         check_live_plan(plan, tokenizer=True, adapter=adapter)
     store = TraceStore.load(resolve_trace(str(trace)), groups_of=groups_of) if trace is not None else None
     tracker = TrafficTracker(known_groups=known_groups(store) if store is not None else None)
-    engine = Upstream(upstream.rstrip("/"), tracker)
-    options.setdefault("openai_flavor", info.openai_flavor)
-    config = ServerConfig(profile=get_profile(_profile(sglang_version, info.version)), model=info.model,
-                          context_length=info.context_length, time_scale=0.0, **options)
-    return ServerContext(config, store, tokenizer, plan, upstream=engine)
+    options.setdefault("openai_flavor", "sglang" if info.server == "sglang" else "vllm")
+    config = ServerConfig(profile=get_profile(sglang_version), model=info.model, context_length=context,
+                          time_scale=0.0, **options)
+    return ServerContext(config, store, tokenizer, plan, upstream=Upstream(upstream.rstrip("/"), tracker))
 
 
 async def proxy(upstream: str, *, host: str, port: int, log_dir: str | None = None, **options: Any) -> int:

@@ -19,16 +19,14 @@ route (`/health`, `/flush_cache`, `/get_model_info`, `/update_weights_*`, `/abor
 stays the bench's.
 
 Re-rendering needs the model's tokenizer (texts of partial answers, logprob triples, the faults that write
-text): `--tokenizer DIR` (a local Hugging Face tokenizer folder), or the bench's own when the upstream
-tokenizes a probe exactly as it does (the upstream is the bench's mock: how the tests run on CPU).
+text): `--tokenizer DIR` (a local Hugging Face tokenizer folder), or the bench's own when the upstream is the
+bench's mock (how the tests run on CPU); `bench.server.proxy` picks it.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,11 +44,6 @@ _DROP_REQUEST = {"host", "content-length", "transfer-encoding", "connection", "k
 _DROP_REPLY = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date",
                "server", "x-bench-served-trajectory", "x-bench-served-turn", "x-bench-served-attempt",
                "x-bench-served-request-id"}
-PROBE_TEXT = "<|im_start|>user\nrollout-bench probe: naïve café, 12345 tokens?<|im_end|>\n"
-
-
-class UpstreamError(ValueError):
-    """The upstream cannot be used (unreachable, or it names no context length); the message says which."""
 
 
 @dataclass(frozen=True)
@@ -66,18 +59,6 @@ class Fetched:
     @property
     def content_type(self) -> str:
         return next((v for k, v in self.headers.items() if k.lower() == "content-type"), "")
-
-
-@dataclass(frozen=True)
-class UpstreamInfo:
-    """What the proxy learns from the upstream before serving: model, context length, SGLang version, and
-    whether it tokenizes as the bench's own tokenizer does."""
-
-    model: str
-    context_length: int
-    version: str | None
-    speaks_bench_tokenizer: bool
-    openai_flavor: str = "vllm"  # whose OpenAI-compatible shapes it speaks ("vllm" or "sglang")
 
 
 @dataclass
@@ -218,44 +199,3 @@ def _finish(answer: CapturedAnswer, ids: list[int], eos_token_id: int) -> dict[s
     if isinstance(reason, dict) and reason.get("type") == "abort":
         return {**ABORTED, **reason}
     return {"type": "stop", "matched": ids[-1] if ids and ids[-1] == eos_token_id else None}
-
-
-def probe(url: str, tokenizer: Any, context_length: int | None = None) -> UpstreamInfo:
-    """Ask the upstream what it serves (synchronous: done once, before the proxy serves); `tokenizer`: the
-    bench's, compared token for token with the upstream's `/tokenize` of a probe text."""
-    url = url.rstrip("/")
-
-    def call(path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as reply:
-                return json.loads(reply.read() or b"null")
-        except (urllib.error.HTTPError, ValueError):
-            return None
-
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=30) as reply:
-            reply.read()
-    except urllib.error.HTTPError:
-        pass  # it answered: reachable
-    except (urllib.error.URLError, OSError) as error:
-        raise UpstreamError(f"upstream {url} is not reachable: {error}") from None
-    server = _dict(call("/get_server_info"))
-    model_info = _dict(call("/get_model_info"))
-    models = _dict(call("/v1/models"))
-    first_model = _dict((models.get("data") or [{}])[0])
-    context = context_length or server.get("context_length") or first_model.get("max_model_len")
-    model = model_info.get("model_path") or server.get("model_path") or first_model.get("id") or "upstream"
-    tokens = _dict(call("/tokenize", {"prompt": PROBE_TEXT}))
-    same = tokens.get("tokens") == tokenizer.encode(PROBE_TEXT)
-    if not isinstance(context, int) or context <= 0:
-        raise UpstreamError(f"upstream {url} names no context length (neither /get_server_info's context_length "
-                            "nor /v1/models' max_model_len): give --context-length")
-    version = server.get("version") if isinstance(server.get("version"), str) else None
-    flavor = "sglang" if first_model.get("owned_by") == "sglang" else "vllm"
-    return UpstreamInfo(str(model), context, version, same, flavor)
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
