@@ -417,3 +417,22 @@ def test_a_local_tokenizer_writes_answers_as_the_bench_tokenizer_does(tmp_path: 
     assert [local.is_special(i) for i in ids] == [bench.is_special(i) for i in ids]
     assert local.is_special(local.eos_token_id) and local.eos_token_id == bench.eos_token_id
     assert b"".join(local.token_bytes(i) for i in bench.encode("plain ascii text")) == b"plain ascii text"
+
+
+def test_multi_turn_tool_loop_through_the_proxy() -> None:
+    """Turns placed from the tokens alone (each extends the last input and output), tool calls and all: seed-004's
+    multi-turn desyncs show through the proxy as on the mock, and the fixed tool loop is green."""
+    plan = resolve_plan("seed-004")
+    with ServerThread("agentic-500") as engine:
+        unfixed = run_blocking(RunConfig(trace="agentic-500", plan=plan, target="ref-tool-loop:unfixed", n=40,
+                                         upstream=engine.url, isolation="inline"))
+    with ServerThread("agentic-500") as engine:
+        fixed = run_blocking(RunConfig(trace="agentic-500", plan=plan, target="ref-tool-loop:fixed", n=40,
+                                       upstream=engine.url, isolation="inline"))
+    mock = run_blocking(RunConfig(trace="agentic-500", plan=plan, target="ref-tool-loop:unfixed", n=40,
+                                  isolation="inline"))
+    found = {v.invariant for v in unfixed.violations}
+    assert found == {v.invariant for v in mock.violations} == {"token_alignment", "provenance", "context_budget"}
+    assert max(r.turn or 0 for r in unfixed.requests) >= 5  # many turns, each placed in its trajectory
+    assert {e.fault for e in unfixed.fault_events} >= {"abort", "missing_logprobs", "oversized_tool_output"}
+    assert fixed.violations == [] and {e.fault for e in fixed.fault_events} >= {"abort", "oversized_tool_output"}

@@ -73,6 +73,9 @@ class Upstream:
 
     url: str
     tracker: TrafficTracker
+    # the tracker knows a trace's groups (`--trace`): a request it places outside them is none of the dataset's
+    # trajectories (a client that re-rendered or altered its context), logged and decided as an unknown prompt
+    named: bool = False
     _session: aiohttp.ClientSession | None = None
     _open: dict[Identity, _Open] = field(default_factory=dict)
     dispatched: frozenset[str] | None = None  # set by the runner (the mock's Identifier has it too)
@@ -155,8 +158,12 @@ class Upstream:
         and a failed member's identical sibling may be taken for its retry: the fault decisions then depend on
         the order requests came in."""
         placement = self.tracker.place(ids_key(ids), hint)
-        identity = Identity(placement.trajectory, placement.group, placement.turn, placement.attempt + 1,
-                            by_order=placement.turn == 0 and placement.trajectory != hint)
+        if self.named and not placement.known:  # as the mock names a request it cannot identify: `request:<id>`
+            identity = Identity(None, None, placement.turn, placement.attempt + 1, drift="unknown_prompt",
+                                digest=placement.trajectory)
+        else:
+            identity = Identity(placement.trajectory, placement.group, placement.turn, placement.attempt + 1,
+                                by_order=placement.turn == 0 and placement.trajectory != hint)
         self._open[identity] = _Open(placement)
         return identity
 
