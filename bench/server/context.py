@@ -13,6 +13,7 @@ from bench.records.served_tokens import ServedTokens
 from bench.replay import GenerateParams, Generation, Identifier, Identity, TraceStore, build_generation, pack
 from bench.tokenizer import ByteBPETokenizer
 from faults import Exchange, FaultEngine, FaultEvent, Plan, Rule, Target
+from faults.engine import Decision
 
 from .profiles import SglangProfile
 from .state import ServerState
@@ -64,16 +65,33 @@ class ServerContext:
                       turn=identity.turn or 0, attempt=identity.attempt, endpoint=endpoint)
 
     def exchange(self, generation: Generation, *, api: str, endpoint: str, stream: bool, rid: str,
-                 forced: tuple[Rule, ...] = ()) -> Exchange:
-        """The answer to send, after the fault plan (and any forced faults) had their say."""
-        flavor = "sglang" if api == "native" else self.config.openai_flavor
-        exchange = Exchange(api=api, flavor=flavor, endpoint=endpoint, stream=stream, generation=generation,
-                            weight_version=self.state.weight_version, context_length=self.config.context_length,
-                            tokenizer=self.tokenizer, tools=self._tools(generation.identity))
-        decision = self.faults.decide(self.target(generation.identity, endpoint), forced)
+                 forced: tuple[Rule, ...] = (), decision: Decision | None = None) -> Exchange:
+        """The answer to send, after the fault plan (and any forced faults) had their say (`decision`: already
+        taken, in upstream mode, before the engine was asked)."""
+        exchange = self._blank_exchange(generation, api=api, endpoint=endpoint, stream=stream)
+        if decision is None:
+            decision = self.faults.decide(self.target(generation.identity, endpoint), forced)
         if decision.rules:
             self.faults.apply(decision, exchange, rid)
         return exchange
+
+    def _blank_exchange(self, generation: Generation, *, api: str, endpoint: str, stream: bool) -> Exchange:
+        flavor = "sglang" if api == "native" else self.config.openai_flavor
+        return Exchange(api=api, flavor=flavor, endpoint=endpoint, stream=stream, generation=generation,
+                        weight_version=self.state.weight_version, context_length=self.config.context_length,
+                        tokenizer=self.tokenizer, tools=self._tools(generation.identity))
+
+    def plan_live(self, ids: list[int], hint: str | None, *, api: str, endpoint: str, stream: bool,
+                  forced: tuple[Rule, ...] = ()) -> Planned:
+        """Upstream mode, before the engine is asked: who sent the request, what the plan decided for it, and
+        whether a fault answers in the generation's place (then the engine is not asked)."""
+        assert self.upstream is not None
+        identity = self.upstream.place(ids, hint)
+        self.faults.observe(identity.trajectory, pack(ids), self.tokenizer)  # did it act on an earlier faulted answer?
+        decision = self.faults.decide(self.target(identity, endpoint), forced)
+        scratch = self._blank_exchange(self.upstream.no_answer(identity, len(ids), scratch=True), api=api,
+                                       endpoint=endpoint, stream=stream)
+        return Planned(identity, decision, bool(decision.rules) and self.faults.preempts(decision, scratch))
 
     def _tools(self, identity: Identity) -> tuple[str, ...]:
         """The names of the tools the trajectory's recorded prompt announces (none for an unknown request)."""
@@ -96,16 +114,16 @@ class ServerContext:
         self.state.abort(abort_all=True)
 
     def generate(self, ids: list[int], params: GenerateParams, hint: str | None,
-                 answer: CapturedAnswer | None = None) -> Generation:
+                 answer: CapturedAnswer | None = None, planned: Planned | None = None) -> Generation:
         """Identify a request and build its (not yet paced) answer: the recording's, or in upstream mode
-        `answer`, the live engine's."""
+        `answer`, the live engine's, for the request `plan_live` placed (none when a fault answers instead)."""
         packed = pack(ids)
         if self.upstream is not None:
-            assert answer is not None, "upstream mode: the engine's answer comes with the request"
-            identity = self.upstream.place(ids, hint)
-            self.faults.observe(identity.trajectory, packed, self.tokenizer)
+            assert planned is not None, "upstream mode: the request was planned before the engine was asked"
+            if answer is None:
+                return self.upstream.no_answer(planned.identity, len(ids))
             self._follow_version(answer.weight_version)
-            return self.upstream.generation(identity, answer, params, self.tokenizer.eos_token_id)
+            return self.upstream.generation(planned.identity, answer, params, self.tokenizer.eos_token_id)
         identity = self.identifier.identify(packed, hint)
         self.faults.observe(identity.trajectory, packed, self.tokenizer)  # did it act on an earlier faulted answer?
         return build_generation(identity, self._recorded(identity), params, self.tokenizer, seed_bytes=packed)
@@ -125,6 +143,15 @@ class ServerContext:
             return None
         turns = self.store.by_id[identity.trajectory].turns
         return turns[identity.turn] if identity.turn < len(turns) else None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """Upstream mode: a request placed and decided before its engine is asked (`ServerContext.plan_live`)."""
+
+    identity: Identity
+    decision: Decision
+    preempted: bool  # a fault answers in the generation's place: the engine is not asked
 
 
 CONTEXT_KEY: web.AppKey[ServerContext] = web.AppKey("bench.context", ServerContext)

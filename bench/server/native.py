@@ -14,7 +14,7 @@ from bench.replay import Generation, context_error
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
 
 from . import transport, wire
-from .context import ServerContext, context_of
+from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
 from .playback import Choice, identified, new_record, play, reject, upstream_failed
@@ -54,18 +54,22 @@ async def generate(request: web.Request) -> web.StreamResponse:
         _log_rejection(ctx, request, arrived, 200 if stream else 400, error.message)
         return await _stream_error(request, ctx, error.message) if stream else wire.value_error(error.message)
     answers: list[Any] = [None] * len(parsed.items)
-    if ctx.upstream is not None:
-        fetched = await ctx.upstream.fetch(request)
-        live = ctx.upstream.answers(request.path, await request.read(), fetched, len(parsed.items), ctx.tokenizer)
-        if live is None:  # the engine's own error (or an answer the bench cannot read): as it came, unfaulted
-            for item in parsed.items:
-                record = new_record(ctx, request.path, arrived, rid=item.rid, stream=parsed.stream,
-                                    prompt_tokens=len(item.ids))
-                upstream_failed(ctx, record, item.ids, item.hint, fetched.status, arrived)
-            return ctx.upstream.pass_through(fetched)
-        answers = live
-    prepared = [_prepare(ctx, request, parsed, item, arrived, forced, answer)
-                for item, answer in zip(parsed.items, answers)]
+    planned: list[Any] = [None] * len(parsed.items)
+    if ctx.upstream is not None:  # placed and decided first: a fault that answers instead spares the engine
+        planned = [ctx.plan_live(item.ids, item.hint, api="native", endpoint=request.path, stream=parsed.stream,
+                                 forced=forced) for item in parsed.items]
+        if not all(p.preempted for p in planned):
+            fetched = await ctx.upstream.fetch(request)
+            live = ctx.upstream.answers(request.path, await request.read(), fetched, len(parsed.items), ctx.tokenizer)
+            if live is None:  # the engine's own error (or an answer the bench cannot read): as it came, unfaulted
+                for item, plan in zip(parsed.items, planned):
+                    record = new_record(ctx, request.path, arrived, rid=item.rid, stream=parsed.stream,
+                                        prompt_tokens=len(item.ids))
+                    upstream_failed(ctx, record, plan.identity, fetched.status, arrived)
+                return ctx.upstream.pass_through(fetched)
+            answers = [None if p.preempted else a for p, a in zip(planned, live)]
+    prepared = [_prepare(ctx, request, parsed, item, arrived, forced, answer, plan)
+                for item, answer, plan in zip(parsed.items, answers, planned)]
     exchanges = [p for p in prepared if isinstance(p, tuple)]
     for _, record, exchange in exchanges:
         if exchange.replacement is not None:
@@ -118,18 +122,19 @@ async def _pass_through(ctx: ServerContext, request: web.Request, arrived: float
 
 
 def _prepare(ctx: ServerContext, request: web.Request, parsed: NativeRequest, item: NativeItem, arrived: float,
-             forced: tuple[Rule, ...], answer: Any = None) -> tuple[NativeItem, RequestRecord, Exchange] | ValueRejected:
+             forced: tuple[Rule, ...], answer: Any = None, planned: Planned | None = None
+             ) -> tuple[NativeItem, RequestRecord, Exchange] | ValueRejected:
     """Identify an item, let the fault plan act, then run SGLang's request checks."""
     record = new_record(ctx, request.path, arrived, rid=item.rid, stream=parsed.stream, prompt_tokens=len(item.ids),
                         request=request)
-    if item.rid in ctx.state.inflight:
+    if ctx.upstream is None and item.rid in ctx.state.inflight:  # upstream mode: the engine accepted it
         message = f"Duplicate request ID detected: {item.rid}"
         reject(ctx, record, 200 if parsed.stream else 400, message, arrived)
         return ValueRejected(message)
-    generation = ctx.generate(item.ids, item.params, item.hint, answer)
+    generation = ctx.generate(item.ids, item.params, item.hint, answer, planned)
     identified(ctx, record, generation, item.ids)
     exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=parsed.stream, rid=item.rid,
-                            forced=forced)
+                            forced=forced, decision=planned.decision if planned else None)
     if exchange.replacement is not None:
         reject(ctx, record, exchange.replacement.status, "fault replacement", arrived, generation)
         return item, record, exchange

@@ -3,7 +3,9 @@
 The generation comes from forwarding the client's request, unchanged, to the engine (SGLang's `/generate`,
 streamed or not; an OpenAI-compatible `/v1/completions` or `/v1/chat/completions`) and parsing its answer
 (`bench.capture.parse`); who sent it comes from the token stream (`bench.capture.tracker`: trajectory,
-group, turn, attempt). From there everything is the mock's: the fault plan decides and edits the answer,
+group, turn, attempt), and the plan decides before the engine is asked: a fault that answers in the
+generation's place (an error status, the router's 503, a context refusal, a reset) spares the engine, as a
+router that answers 503 never reaches one. From there everything is the mock's: the faults edit the answer,
 the bench's formatters write it (native or OpenAI, streamed or not), the request log, the served tokens and
 the fault log record it. So the fault catalogue, the deterministic schedules and the invariants built on
 those logs work unchanged against a real engine.
@@ -182,6 +184,15 @@ class Upstream:
                                 answer.cached_tokens or 0, answer.ttft or 0.0, answer.total or 0.0,
                                 max_new_tokens=params.max_new_tokens)
         entry = self._open.get(identity)
+        if entry is not None:
+            entry.generation = generation
+        return generation
+
+    def no_answer(self, identity: Identity, prompt_tokens: int, *, scratch: bool = False) -> Generation:
+        """The generation of a request the engine was not asked (a fault answers in its place): nothing.
+        `scratch`: for a look at what the plan would do, not the request's own."""
+        generation = Generation(identity, [], None, "", None, prompt_tokens, 0, 0.0, 0.0)
+        entry = None if scratch else self._open.get(identity)
         if entry is not None:
             entry.generation = generation
         return generation
