@@ -250,6 +250,10 @@ def test_openai_routes(upstream: ServerThread) -> None:
         chat = call(front.url, "/v1/chat/completions", {"model": "m", "messages": trajectory.prompt_messages,
                                                          "max_tokens": 16, "logprobs": True})
         assert chat.status == 200 and chat.body["choices"][0]["message"]["role"] == "assistant"
+        streamed = call(front.url, "/v1/chat/completions", {"model": "m", "messages": trajectory.prompt_messages,
+                                                             "max_tokens": 16, "stream": True})
+        assert streamed.events[-1]["choices"][0]["finish_reason"] == "length"
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in streamed.events).strip()
         assert sorted(e["fault"] for e in front.context.faults.log.as_dicts()) == ["nan_logprob", "text_without_ids"]
 
 
@@ -433,3 +437,68 @@ def test_multi_turn_tool_loop_through_the_proxy() -> None:
     assert max(r.turn or 0 for r in unfixed.requests) >= 5  # many turns, each placed in its trajectory
     assert {e.fault for e in unfixed.fault_events} >= {"abort", "missing_logprobs", "oversized_tool_output"}
     assert fixed.violations == [] and {e.fault for e in fixed.fault_events} >= {"abort", "oversized_tool_output"}
+
+
+# -- every live-applicable fault, generically: it fires once, on the right attempt, and the client sees a change ---
+HOW_SEEN = {  # fault spec -> (route kind, how the client sees it)
+    "abort": ("native", "body"), "connection_reset": ("native", "error"), "context_length_error": ("native", "400"),
+    "empty_completion": ("native", "body"), "http_error": ("native", "500"), "latency:ms=300": ("native", "time"),
+    "logprob_length_mismatch": ("native", "body"), "malformed_json": ("native", "body"),
+    "missing_logprobs": ("native", "body"), "missing_weight_version": ("native", "body"),
+    "nan_logprob": ("native", "body"), "null_logprob": ("native", "body"), "outage": ("native", "503"),
+    "oversized_tool_output": ("native", "body"), "raise_after_generate": ("native", "body"),
+    "router_no_workers": ("native", "503"), "slow_first_token:seconds=0.3": ("stream", "time"),
+    "stale_weight_version": ("native", "body"), "stall:seconds=0.3": ("native", "time"),
+    "stream_cut:after=1,clean=true": ("stream", "body"), "stream_no_finish_reason": ("stream", "body"),
+    "text_without_ids": ("openai", "body"), "truncated_body": ("native", "error"),
+    "wrong_content_type": ("native", "content type"), "zero_length": ("native", "body"),
+}
+VOLATILE = (rb'"(id|e2e_latency|response_sent_to_client_ts|created)":("[^"]*"|[0-9.e+-]+)', rb"")
+
+
+def _exchange(url: str, kind: str, ids: list[int], member: str) -> tuple[int | None, dict[str, str], bytes, str, float]:
+    """(status, headers, body with volatile fields blanked, error type, seconds) of one request naming `member`."""
+    path, body = ("/v1/completions", {"model": "m", "prompt": ids, "max_tokens": 2048, "logprobs": 1}) \
+        if kind == "openai" else ("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2048},
+                                                "return_logprob": True, "stream": kind == "stream"})
+
+    async def go() -> tuple[int | None, dict[str, str], bytes, str, float]:
+        started, status, headers, raw, error = time.monotonic(), None, {}, b"", ""
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.post(url + path, json=body, headers={"X-Bench-Trajectory": member}) as reply:
+                    status, headers = reply.status, dict(reply.headers)
+                    raw = await reply.read()
+        except aiohttp.ClientError as failure:
+            error = type(failure).__name__
+        return status, headers, re.sub(VOLATILE[0], VOLATILE[1], raw), error, time.monotonic() - started
+
+    return asyncio.run(go())
+
+
+def test_every_live_fault_is_covered_here() -> None:
+    applicable = {name for name, (kind, _) in LIVE.items() if kind not in (REFUSED, "client side")}
+    assert {spec.split(":")[0] for spec in HOW_SEEN} == applicable
+
+
+@pytest.mark.parametrize("spec", sorted(HOW_SEEN))
+def test_every_live_fault_fires_once_and_shows(upstream: ServerThread, spec: str) -> None:
+    kind, seen_as = HOW_SEEN[spec]
+    with proxy(upstream, f"{spec}{',' if ':' in spec else ':'}attempts=2") as front:
+        trajectory, ids = prompt(front, 2)
+        clean = _exchange(front.url, kind, ids, trajectory.id)  # attempt 1: the engine's answer, as it is
+        faulted = _exchange(front.url, kind, ids, trajectory.id)  # attempt 2: the plan's
+        events = front.context.faults.log.as_dicts()
+    assert [(e["fault"], e["trajectory"], e["turn"], e["attempt"]) for e in events] == [
+        (spec.split(":")[0], trajectory.id, 0, 2)]
+    assert clean[0] == 200 and not clean[3]
+    if seen_as == "body":
+        assert faulted[0] == 200 and faulted[2] != clean[2]
+    elif seen_as == "error":
+        assert faulted[3] in ("ServerDisconnectedError", "ClientPayloadError")
+    elif seen_as == "time":
+        assert faulted[4] >= 0.3 > clean[4] and faulted[2] == clean[2]  # the same answer, later
+    elif seen_as == "content type":
+        assert faulted[1]["Content-Type"] == "application/octet-stream" and faulted[2] == clean[2]
+    else:
+        assert faulted[0] == int(seen_as)
