@@ -502,3 +502,22 @@ def test_every_live_fault_fires_once_and_shows(upstream: ServerThread, spec: str
         assert faulted[1]["Content-Type"] == "application/octet-stream" and faulted[2] == clean[2]
     else:
         assert faulted[0] == int(seen_as)
+
+
+def test_the_engines_own_errors_pass_through_unfaulted(upstream: ServerThread) -> None:
+    """An engine error (here its context-length 400) comes back byte for byte, the plan does not touch it, and the
+    attempt counts as failed: the resubmission is the turn's next attempt."""
+    too_long = {"max_new_tokens": 10**6}
+    with proxy(upstream, "missing_logprobs") as front:
+        trajectory, ids = prompt(front)
+        body = {"input_ids": ids, "sampling_params": too_long, "return_logprob": True}
+        direct = call(upstream.url, "/generate", body)
+        seen = call(front.url, "/generate", body)
+        again = call(front.url, "/generate", body)
+        records = [r for r in front.context.log.records if r.endpoint == "/generate"]
+        events = front.context.faults.log.as_dicts()
+    assert direct.status == seen.status == again.status == 400 and seen.raw == direct.raw
+    assert b"maximum context length" in seen.raw
+    assert [(r.trajectory, r.attempt, r.status, r.error) for r in records] == [
+        (trajectory.id, 1, 400, "upstream answered 400"), (trajectory.id, 2, 400, "upstream answered 400")]
+    assert events == []  # nothing the plan did shows on the engine's own error
