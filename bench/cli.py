@@ -498,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default 12; 0: write no repro, only run.toml)")
     run.add_argument("--upstream", metavar="URL", help="a live SGLang / vLLM server: the target's requests go "
                      "through the fault proxy to it instead of to the mock; the trace gives only the prompts (replay "
-                     "fidelity then does not apply)")
+                     "fidelity then does not apply; --time-scale neither: the engine paces its answers)")
     run.add_argument("--cold", action="store_true",
                      help="start a fresh worker even when a warm one (`rollout-bench worker`) runs for the target")
     run.set_defaults(run=_cmd_run)
