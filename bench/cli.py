@@ -88,11 +88,14 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+NO_PLAN = "none"  # `--plan none`: replay the trace with no faults (e.g. to check an imported trace replays)
+
+
 def build_plan(plan_spec: str | None, fault_specs: list[str] | None, seed: int | None):  # type: ignore[no-untyped-def]
     """The run's fault plan: a plan file or shipped name, plus `--fault` rules; `--seed` overrides."""
     from faults import Plan, plan_from_specs, resolve_plan
 
-    plan = resolve_plan(plan_spec) if plan_spec else None
+    plan = resolve_plan(plan_spec) if plan_spec and plan_spec != NO_PLAN else None
     extra = plan_from_specs(fault_specs or [], seed if seed is not None else (plan.seed if plan else 0))
     if plan is None:
         return extra if fault_specs else None
@@ -356,6 +359,32 @@ def _cmd_traces(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import(args: argparse.Namespace) -> int:
+    import json
+
+    from bench.importers import DumpError, ImportOptions, import_dump
+
+    try:
+        sampling = json.loads(args.sampling_params) if args.sampling_params else None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--sampling-params: not JSON: {error}") from error
+    if sampling is not None and not isinstance(sampling, dict):
+        raise ValueError("--sampling-params: expected a JSON object")
+    options = ImportOptions(model=args.model, tokenizer_name=args.tokenizer_name, vocab_size=args.vocab_size,
+                            eos_token_id=args.eos_token_id, context_length=args.context_length,
+                            sampling_params=sampling)
+    try:
+        summary = import_dump(args.kind, args.path, args.out, options)
+    except DumpError as error:
+        print(f"rollout-bench import: error: {error}", file=sys.stderr)
+        return 1
+    for note in summary.details.get("tokenizer", []):
+        print(f"import: {note}", file=sys.stderr)
+    print(f"wrote {summary.trajectories} trajectories ({summary.groups} groups, {summary.turns} turns, tokenizer "
+          f"{summary.tokenizer}) to {summary.path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bench.synth import DEFAULT_CREATED, KINDS
 
@@ -448,7 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a target against the server under a fault plan; check; report")
     run.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace file or shipped name (default {DEFAULT_TRACE})")
-    run.add_argument("--plan", help="fault plan file or shipped name (default seed-000 unless --fault is given)")
+    run.add_argument("--plan", help="fault plan file or shipped name (default seed-000 unless --fault is given; "
+                                    "'none': no faults)")
     run.add_argument("--fault", action="append", metavar="SPEC", help="a fault rule (repeatable)")
     run.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
     run.add_argument("--target", help=f"NAME[:variant] or module:attr (default {DEFAULT_TARGET}; with --repro: "
@@ -543,6 +573,24 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--python", metavar="PATH", help="as for run: the target worker's interpreter")
     sweep.add_argument("--in-process", action="store_true", help="as for run: the target in the run's process")
     sweep.set_defaults(run=_cmd_sweep)
+
+    importer = sub.add_parser("import", help="turn a framework's dump into a trace (slime/miles debug rollout data, "
+                              "SGLang's request dumps)")
+    importer.add_argument("kind", choices=["slime-debug", "miles-debug", "sglang-dump"],
+                          help="slime-debug (alias miles-debug): --save-debug-rollout-data files; sglang-dump: "
+                               "a --dump-requests-folder")
+    importer.add_argument("path", help="the dump: a file, or a folder of them")
+    importer.add_argument("--out", required=True, help="trace to write (.jsonl or .jsonl.gz)")
+    importer.add_argument("--model", help="model name for the header (default: the dump's, else 'unknown')")
+    importer.add_argument("--tokenizer-name", help="the ids' tokenizer (default: rollout-bench/byte-bpe-v1 when the "
+                          "dump fits it, else 'unknown')")
+    importer.add_argument("--vocab-size", type=int, help="default: the tokenizer's, else the largest id seen + 1")
+    importer.add_argument("--eos-token-id", type=int,
+                          help="default: the tokenizer's, else the most common last id of stopped answers")
+    importer.add_argument("--context-length", type=int, help="default: the dump's, else the longest trajectory")
+    importer.add_argument("--sampling-params", metavar="JSON",
+                          help="sampling params for requests whose dump does not hold them (slime/miles; default {})")
+    importer.set_defaults(run=_cmd_import)
 
     report = sub.add_parser("report", help="re-render a run's report folder, print its summary; or list a sweep's runs")
     report.add_argument("folder")

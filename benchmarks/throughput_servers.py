@@ -78,7 +78,7 @@ async def _serve(args: argparse.Namespace) -> None:
         from bench.server.app import create_app, load_context
 
         plan = bench_plan(args.plan, args.without) if args.kind == "bench-plan" else None
-        context = load_context(args.trace, plan=plan)
+        context = load_context(args.trace, plan=plan, time_scale=args.time_scale)
         runner = web.AppRunner(create_app(context), handler_cancellation=True, access_log=None)  # as BenchServer
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--core", type=int, help="pin to this core (a core number)")
     parser.add_argument("--bodies", help="bare kinds: JSON map trajectory id -> [status, reply]")
     parser.add_argument("--trace", default="rlvr-500", help="bench kinds: the trace to replay")
+    parser.add_argument("--time-scale", type=float, default=0.0,
+                        help="bench kinds: pace answers at the recorded latencies times this (0: at once)")
     parser.add_argument("--plan", default="chaos", help="bench-plan: a shipped plan name or TOML file")
     parser.add_argument("--without", default="", help="bench-plan: comma-separated fault types to leave out")
     args = parser.parse_args(argv)

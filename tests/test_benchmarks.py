@@ -42,6 +42,17 @@ def test_served_memory_quick_compares_keeping_with_discarding(tmp_path: Path) ->
     assert "the served data" in stdout
 
 @pytest.mark.slow
+def test_record_latency_quick_compares_direct_with_recorded(tmp_path: Path) -> None:
+    result, stdout = _bench("record_latency", tmp_path)
+    direct, recorded = result["rows"]
+    assert (direct["arm"], recorded["arm"]) == ("direct", "recorded")
+    assert direct["requests"] > 0 and recorded["requests"] > 0 and recorded["median_ms"] > 0
+    assert result["recorded_turns"] == recorded["requests"]  # every request through the recorder was recorded
+    assert result["added_median_ms"] == round(recorded["median_ms"] - direct["median_ms"], 3)
+    assert "added by the recorder" in stdout
+
+
+@pytest.mark.slow
 def test_server_throughput_quick_reports_every_server(tmp_path: Path) -> None:
     result, stdout = _bench("server_throughput", tmp_path)
     rows = {row["server"]: row for row in result["rows"]}

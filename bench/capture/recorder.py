@@ -168,7 +168,7 @@ class Recorder:
         for item, placement, answer in zip(captured.inputs, placements, answers):
             self.tracker.settle(placement, _output_key(item, answer), answer.outcome)
             input_ids = item.input_ids if item.input_ids is not None else answer.prompt_ids
-            _, fragment = self.recording.add(placement, item, answer, captured.endpoint, input_ids)
+            fragment = self.recording.add(placement, item, answer, captured.endpoint, input_ids)
             self.journal.append(_redact_trajectory(fragment) if self.redact_text else fragment)
             self._observe(answer, input_ids)
             self.stats.exchanges += 1

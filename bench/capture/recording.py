@@ -47,10 +47,14 @@ def _finite_logprobs(answer: CapturedAnswer) -> tuple[list[float] | None, str | 
         return None, None
     if len(values) != len(answer.output_ids):
         return None, f"the server sent {len(values)} logprobs for {len(answer.output_ids)} ids (kept none)"
-    for position, value in enumerate(values):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value > 0:
-            return None, f"the server sent logprob {value!r} at position {position} (kept none)"
-    return [float(v) for v in values], None
+    try:
+        floats = [float(v) for v in values]
+    except (TypeError, ValueError):
+        return None, "the server sent a logprob that is not a number (kept none)"
+    if floats and not (all(map(math.isfinite, floats)) and max(floats) <= 0):
+        position = next(i for i, v in enumerate(floats) if not math.isfinite(v) or v > 0)
+        return None, f"the server sent logprob {values[position]!r} at position {position} (kept none)"
+    return floats, None
 
 
 class Recording:
@@ -61,8 +65,8 @@ class Recording:
         self._open: dict[str, _Open] = {}
 
     def add(self, placement: Placement, captured: CapturedInput, answer: CapturedAnswer, endpoint: str,
-            input_ids: list[int] | None) -> tuple[Trajectory, Trajectory]:
-        """Record one finished exchange; returns (the trajectory so far, the exchange alone as a fragment)."""
+            input_ids: list[int] | None) -> Trajectory:
+        """Record one finished exchange; returns the exchange alone, as a fragment (`_fragment`)."""
         state = self._open.get(placement.trajectory)
         if state is None:
             state = _Open(placement, self._prompt(captured, answer, input_ids))
@@ -80,7 +84,7 @@ class Recording:
             state.appends_text.append(appended)
             if placement.turn > 0:
                 self._tool_outputs(state, placement.turn - 1, appended, captured)
-        return self.trajectory(placement.trajectory), self._fragment(state, placement, turn, input_ids)
+        return self._fragment(state, placement, turn, input_ids)
 
     def trajectory(self, ident: str) -> Trajectory:
         state = self._open[ident]

@@ -101,10 +101,12 @@ def _check_response(field: str, response: Response, header: TraceHeader) -> Iter
     if response.logprobs is not None:
         if len(response.logprobs) != len(ids):
             yield f"{field}.logprobs", f"has {len(response.logprobs)} entries for {len(ids)} output ids"
-        for position, value in enumerate(response.logprobs):
-            if not math.isfinite(value) or value > 0:
-                yield f"{field}.logprobs[{position}]", f"must be finite and <= 0, got {value}"
-                break
+        values = response.logprobs
+        if values and not (all(map(math.isfinite, values)) and max(values) <= 0):  # C loops: the common case
+            for position, value in enumerate(values):
+                if not math.isfinite(value) or value > 0:
+                    yield f"{field}.logprobs[{position}]", f"must be finite and <= 0, got {value}"
+                    break
     if response.error is None and response.completion_tokens != len(ids):
         yield f"{field}.completion_tokens", f"is {response.completion_tokens} but there are {len(ids)} output ids"
     if response.error is not None:
