@@ -29,7 +29,7 @@ from bench.orchestration.runner import RunConfig, run_blocking
 from bench.replay.store import RecordedTrajectory
 from bench.server import ServerThread
 from bench.server.proxy import load_upstream_context
-from faults import Plan, PlanError, plan_from_specs, resolve_plan
+from faults import PlanError, plan_from_specs, resolve_plan
 from faults.hooks import POISON_MARKER
 from faults.live import LIVE, REFUSED, check_live_plan, unclassified
 

@@ -2,9 +2,9 @@
 
 `load_upstream_context` asks the upstream what it serves (`bench.capture.upstream.probe`, as the recorder does),
 picks the tokenizer (`--tokenizer DIR`, else the bench's own when the upstream is the bench's mock, else a clear
-refusal), refuses by name a plan
-fault that cannot act on live replies (`faults.live`), and builds a server context in upstream mode: the same
-app, fault engine and logs as `serve`, with answers from the engine instead of a trace.
+refusal), refuses by name a plan fault that cannot act on live replies (`faults.live`), and builds a server
+context in upstream mode: the same app, fault engine and logs as `serve`, with answers from the engine instead of
+a trace's.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import signal
-from array import array
 import sys
+from array import array
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Collection
@@ -22,7 +22,6 @@ from bench.capture.tracker import KnownGroup, TrafficTracker, ids_key
 from bench.capture.upstream import UpstreamError, UpstreamInfo, probe, tokenizer_for
 from bench.replay import TraceStore
 from bench.replay.store import RecordedTrajectory
-from bench.tokenizer import load_tokenizer
 from bench.trace.shipped import resolve_trace
 from faults import Plan, resolve_plan
 from faults.live import check_live_plan

@@ -177,8 +177,7 @@ class Upstream:
                    eos_token_id: int) -> Generation:
         """The engine's answer as the Generation the fault plan edits and the formatters write."""
         ids = list(answer.output_ids)
-        logprobs = None if answer.logprobs is None else [float(lp) if lp is not None else 0.0
-                                                         for lp in answer.logprobs]
+        logprobs = None if answer.logprobs is None else list(answer.logprobs)  # a null the engine sent stays null
         generation = Generation(identity, ids, logprobs, answer.text or "", _finish(answer, ids, eos_token_id),
                                 answer.prompt_tokens if answer.prompt_tokens is not None else params.input_len,
                                 answer.cached_tokens or 0, answer.ttft or 0.0, answer.total or 0.0,
