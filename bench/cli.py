@@ -451,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     proxy.add_argument("--port", type=int, default=30000, help="port (0: pick a free one; default 30000)")
     proxy.add_argument("--sglang-version", default=DEFAULT_PROFILE, choices=list(PROFILES),
-                       help=f"SGLang release whose response shapes the answers are written in (default {DEFAULT_PROFILE})")
+                       help=f"SGLang release whose answer shapes the proxy writes (default {DEFAULT_PROFILE})")
     proxy.add_argument("--router-version", default="0.3.2", choices=["0.3.2", "0.2"],
                        help="sglang-router version whose 503 answers are written (default 0.3.2)")
     proxy.add_argument("--openai-flavor", choices=["vllm", "sglang"],

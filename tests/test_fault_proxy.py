@@ -34,7 +34,8 @@ from faults.hooks import POISON_MARKER
 from faults.live import LIVE, REFUSED, check_live_plan, unclassified
 
 EOS = 1758
-NO_WORKERS = b'{"error":{"type":"Service Unavailable","code":"no_available_workers","message":"No available workers (all circuits open or unhealthy)"}}'
+NO_WORKERS = (b'{"error":{"type":"Service Unavailable","code":"no_available_workers","message":'
+              b'"No available workers (all circuits open or unhealthy)"}}')
 
 
 @pytest.fixture
@@ -328,7 +329,8 @@ def test_the_proxy_command(upstream: ServerThread, tmp_path: Path) -> None:
         line = process.stdout.readline()  # type: ignore[union-attr]
         match = re.search(r"proxy at (http://127\.0\.0\.1:\d+) in front of " + re.escape(upstream.url), line)
         assert match, line + process.stderr.read()  # type: ignore[union-attr]
-        assert process.stdout.readline().strip() == "fault plan 'command-line': 1 rules, seed 3"  # type: ignore[union-attr]
+        plan_line = process.stdout.readline().strip()  # type: ignore[union-attr]
+        assert plan_line == "fault plan 'command-line': 1 rules, seed 3"
         _, ids = prompt(upstream)
         seen = generate(match.group(1), ids)
         assert seen.status == 200 and "output_token_logprobs" not in seen.body["meta_info"] and seen.body["output_ids"]

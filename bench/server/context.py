@@ -11,6 +11,7 @@ from aiohttp import web
 from bench.records.request_log import RequestLog
 from bench.records.served_tokens import ServedTokens
 from bench.replay import GenerateParams, Generation, Identifier, Identity, TraceStore, build_generation, pack
+from bench.replay.store import RecordedTrajectory
 from bench.tokenizer import ByteBPETokenizer
 from faults import Exchange, FaultEngine, FaultEvent, Plan, Rule, Target
 from faults.engine import Decision
@@ -49,7 +50,8 @@ class ServerContext:
         self.tokenizer = tokenizer
         self.upstream = upstream  # set: answers come from a live engine (`bench.server.upstream`)
         # who each request is, and how its attempt ended: the trace's identifier, or the upstream's tracker
-        self.identifier: Identifier | Upstream = upstream if upstream is not None else Identifier(store)  # type: ignore[arg-type]
+        self.identifier: Identifier | Upstream = (upstream if upstream is not None
+                                                  else Identifier(store))  # type: ignore[arg-type]
         self.state = ServerState()
         self.log = RequestLog()
         self.served = ServedTokens()  # what each identified request was served, token by token
@@ -58,7 +60,7 @@ class ServerContext:
 
     def target(self, identity: Identity, endpoint: str) -> Target:
         """What fault schedules decide about: this attempt at this turn of this trajectory."""
-        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory and self.store is not None else None
+        trajectory = self._recorded_trajectory(identity)
         index = trajectory.index if trajectory else self.upstream.index_of(identity) if self.upstream else None
         return Target(trajectory=identity.trajectory or f"request:{identity.digest}",
                       index=index, group=identity.group,
@@ -74,6 +76,11 @@ class ServerContext:
         if decision.rules:
             self.faults.apply(decision, exchange, rid)
         return exchange
+
+    def _recorded_trajectory(self, identity: Identity) -> RecordedTrajectory | None:
+        if identity.trajectory is None or self.store is None:
+            return None
+        return self.store.by_id.get(identity.trajectory)
 
     def _blank_exchange(self, generation: Generation, *, api: str, endpoint: str, stream: bool) -> Exchange:
         flavor = "sglang" if api == "native" else self.config.openai_flavor
@@ -95,7 +102,7 @@ class ServerContext:
 
     def _tools(self, identity: Identity) -> tuple[str, ...]:
         """The names of the tools the trajectory's recorded prompt announces (none for an unknown request)."""
-        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory and self.store is not None else None
+        trajectory = self._recorded_trajectory(identity)
         if trajectory is None or not trajectory.prompt_tools:
             return ()
         return tuple(str(tool.get("function", tool).get("name", "")) for tool in trajectory.prompt_tools)
