@@ -529,3 +529,20 @@ def test_the_engines_own_errors_pass_through_unfaulted(upstream: ServerThread) -
     assert [(r.trajectory, r.attempt, r.status, r.error) for r in records] == [
         (trajectory.id, 1, 400, "upstream answered 400"), (trajectory.id, 2, 400, "upstream answered 400")]
     assert events == []  # nothing the plan did shows on the engine's own error
+
+
+def test_a_proxy_without_a_trace_names_the_traffic_itself(upstream: ServerThread) -> None:
+    """No dataset: trajectories get ids made from the traffic (a digest of the group's prompt and the member's
+    order), the same in every run, and schedules decide on those."""
+    seen_ids = []
+    for _ in range(2):
+        context = load_upstream_context(upstream.url, plan=plan_from_specs(["missing_logprobs:turns=0"], 0))
+        with ServerThread(context=context) as front:
+            _, ids = prompt(upstream)
+            first, second = generate(front.url, ids), generate(front.url, ids)
+            assert "output_token_logprobs" not in first.body["meta_info"]
+            seen_ids.append([first.headers["X-Bench-Served-Trajectory"], second.headers["X-Bench-Served-Trajectory"]])
+            assert [(e["trajectory"], e["turn"]) for e in front.context.faults.log.as_dicts()] == [
+                (seen_ids[-1][0], 0), (seen_ids[-1][1], 0)]
+    group = seen_ids[0][0].rsplit("-", 1)[0]
+    assert seen_ids[0] == seen_ids[1] == [f"{group}-0", f"{group}-1"] and group.startswith("g")
