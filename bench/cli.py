@@ -59,6 +59,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                              incremental_streaming=args.incremental_streaming_output))
 
 
+def _cmd_proxy(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from bench.server.proxy import proxy
+
+    plan = build_plan(args.plan, args.fault, args.seed)
+    options = {"openai_flavor": args.openai_flavor} if args.openai_flavor else {}
+    return asyncio.run(proxy(args.upstream, host=args.host, port=args.port, log_dir=args.log_dir, plan=plan,
+                             trace=args.trace, tokenizer_dir=args.tokenizer, context_length=args.context_length,
+                             sglang_version=args.sglang_version, router_version=args.router_version, **options))
+
+
 def _cmd_record(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -135,6 +147,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options["warm"] = False
     if args.known:
         options["known"] = args.known
+    if args.upstream:
+        options["upstream"] = args.upstream
     target_options = _target_options(args)
     if args.repro:
         if args.plan or args.fault or args.n is not None or args.trace != DEFAULT_TRACE:
@@ -423,6 +437,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
     serve.set_defaults(run=_cmd_serve)
 
+    proxy = sub.add_parser("proxy", help="the fault engine in front of a live SGLang / vLLM server or router")
+    proxy.add_argument("--upstream", required=True, help="the live engine's URL (http://host:port)")
+    proxy.add_argument("--plan", help="fault plan: a TOML file or a shipped plan name; a fault that cannot act on "
+                       "a live engine's replies is refused by name")
+    proxy.add_argument("--fault", action="append", metavar="SPEC", help="a fault rule (repeatable)")
+    proxy.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
+    proxy.add_argument("--trace", help="the dataset the client sends (a trace): requests are named by its "
+                       "trajectory and group ids (default: ids made from the traffic)")
+    proxy.add_argument("--tokenizer", metavar="DIR", help="the model's local tokenizer folder (transformers); "
+                       "needed unless the upstream tokenizes as the bench's own tokenizer")
+    proxy.add_argument("--context-length", type=int, help="the model's context length, when the upstream names none")
+    proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    proxy.add_argument("--port", type=int, default=30000, help="port (0: pick a free one; default 30000)")
+    proxy.add_argument("--sglang-version", default=DEFAULT_PROFILE, choices=list(PROFILES),
+                       help=f"SGLang release whose answer shapes the proxy writes (default {DEFAULT_PROFILE})")
+    proxy.add_argument("--router-version", default="0.3.2", choices=["0.3.2", "0.2"],
+                       help="sglang-router version whose 503 answers are written (default 0.3.2)")
+    proxy.add_argument("--openai-flavor", choices=["vllm", "sglang"],
+                       help="shape of the OpenAI-compatible answers (default: the upstream's, from /v1/models)")
+    proxy.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
+    proxy.set_defaults(run=_cmd_proxy)
+
     record = sub.add_parser("record", help="a reverse proxy in front of SGLang / vLLM / a router that forwards "
                             "everything unchanged and records the generations as a trace")
     record.add_argument("--upstream", required=True, metavar="URL", help="the live server (or router) to record")
@@ -490,6 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repro-reruns", type=int, default=12, metavar="N",
                      help="after a failing run, rerun each failure at most N times to verify and shrink its repro "
                           "(default 12; 0: write no repro, only run.toml)")
+    run.add_argument("--upstream", metavar="URL", help="a live SGLang / vLLM server: the target's requests go "
+                     "through the fault proxy to it instead of to the mock; the trace gives only the prompts (replay "
+                     "fidelity then does not apply; --time-scale neither: the engine paces its answers)")
     run.add_argument("--cold", action="store_true",
                      help="start a fresh worker even when a warm one (`rollout-bench worker`) runs for the target")
     run.set_defaults(run=_cmd_run)

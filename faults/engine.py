@@ -123,6 +123,16 @@ class FaultEngine:
             if faults[event.rule].watches_later:
                 self._watched.setdefault(event.trajectory, []).append((event, faults[event.rule]))
 
+    def preempts(self, decision: Decision, scratch: Exchange) -> bool:
+        """Whether the decided rules answer in the generation's place (an error status, a context refusal, a
+        dropped connection): the fault proxy then never asks its live engine, as a router that answers 503 never
+        reaches one. `scratch` is a throwaway exchange; nothing is logged (`apply` logs, on the real one)."""
+        for rule in decision.rules:
+            if scratch.api in rule.fault.apis:
+                scratch.rng = random.Random(uniform(self.plan.seed, rule.name, decision.target))
+                rule.fault.apply(scratch)
+        return scratch.preempted()
+
     def observe(self, trajectory: str | None, later_request: bytes, tokenizer: object) -> None:
         """A request of `trajectory` arrived: does it show the client acted on a faulted answer it got before?"""
         watched = self._watched.get(trajectory or "")

@@ -112,7 +112,14 @@ class TrafficTracker:
         self._created = 0
         self._next_index = max((i for g in self._known.values() for i in g.indexes), default=-1) + 1
 
-    def place(self, key: bytes) -> Placement:
+    def place(self, key: bytes, hint: str | None = None) -> Placement:
+        """`hint`: the trajectory the request names (the bench's `X-Bench-Trajectory` header, a `rid`), if any; it
+        decides where the request fits its trajectory, so identical inputs are placed the same at any arrival
+        order (the fault proxy's schedules depend on it). A hint that does not fit is ignored."""
+        if hint is not None:
+            hinted = self._hinted(key, hint)
+            if hinted is not None:
+                return hinted
         group = self._groups.get(key)
         if group is not None:  # the exact prompt of a group: a retry of a failed turn 0, else a new member
             retry = next((t for t in group.members if len(t.inputs) == 1 and t.outcome in FAILED), None)
@@ -144,6 +151,20 @@ class TrafficTracker:
         return self._by_id[placement.trajectory].group.prompt
 
     # -- placing ------------------------------------------------------------------------------
+    def _hinted(self, key: bytes, hint: str) -> Placement | None:
+        trajectory = self._by_id.get(hint)
+        if trajectory is not None:
+            if trajectory.outcome is None:
+                return None  # in flight: this cannot be its next request
+            if key == trajectory.inputs[-1]:
+                return self._retry(trajectory)
+            return self._next_turn(trajectory, key) if key.startswith(trajectory.context) else None
+        group = self._groups.get(key)
+        known = self._known.get(key)
+        if known is None or hint not in known.members:
+            return None
+        return self._new_member(group or self._new_group(key), known.members.index(hint))
+
     def _candidates(self, key: bytes) -> list[_Group]:
         found = list(self._buckets.get(key[:BUCKET_BYTES], ()))
         for length in range(1, min(len(key), BUCKET_BYTES)):  # prompts shorter than a bucket key
@@ -161,12 +182,16 @@ class TrafficTracker:
             self._buckets.setdefault(prompt[:BUCKET_BYTES], []).append(group)
         return group
 
-    def _new_member(self, group: _Group) -> Placement:
+    def _new_member(self, group: _Group, position: int | None = None) -> Placement:
+        """A new member: the known member at `position` (a hinted one), else the first known one not placed yet
+        (hinted members may have come first), else one past the known members."""
         member = len(group.members)
-        known = group.known is not None and member < len(group.known.members)
+        if position is None and group.known is not None:
+            position = next((i for i, ident in enumerate(group.known.members) if ident not in self._by_id), None)
+        known = position is not None
         if known:
-            assert group.known is not None
-            ident, index = group.known.members[member], group.known.indexes[member]
+            assert group.known is not None and position is not None
+            ident, index, member = group.known.members[position], group.known.indexes[position], position
         else:
             ident, index = f"{group.id}-{member}", self._next_index
             self._next_index += 1

@@ -87,7 +87,26 @@ class LocalTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    # what the fault proxy's formatters also call (`bench.server.upstream`: answers rewritten in the model's vocabulary)
+    def is_special(self, token_id: int) -> bool:
+        """A special token (what `skip_special_tokens` drops): the named ones and every added token marked special."""
+        special = self.__dict__.get("_special")
+        if special is None:
+            added = getattr(self._tokenizer, "added_tokens_decoder", {}) or {}
+            special = frozenset(self._tokenizer.all_special_ids) | {i for i, t in added.items() if t.special}
+            self.__dict__["_special"] = special
+        return token_id in special
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """A token's text as bytes (a piece of a multi-byte character decodes to U+FFFD, as servers show it)."""
+        return self.decode([token_id]).encode("utf-8")
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = False) -> str:
+        return str(self._tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+                                                       add_generation_prompt=add_generation_prompt, tokenize=False))
 
 
 def tokenizer_for(info: UpstreamInfo, folder: str | None) -> tuple[Any, TokenizerInfo, str]:

@@ -61,6 +61,7 @@ class RunView:
     served: ServedTokens | None = None  # what each identified request was served, token by token
     tokens_source: str = "served"  # "retokenized": the target's framework re-tokenises the text it was served
     decode: Callable[[list[int]], str] | None = None  # the trace's tokenizer, for text comparisons
+    upstream: str | None = None  # answers came from this live engine (through the proxy), not from the recording
     # what a check worked out once, for others that read it too (the runner's per-sample provenance verdicts)
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

@@ -338,6 +338,8 @@ def write_config(config: RunConfig, path: Path, *, result: RunResult | None = No
              f"target = {toml_value(config.target)}",
              f"target_options = {toml_value(config.target_options)}",
              f"isolation = {toml_value(config.isolation)}"]
+    if config.upstream:  # the run's answers came from this live engine (through the fault proxy)
+        lines.append(f"upstream = {toml_value(config.upstream)}")
     if config.python:
         lines.append(f"python = {toml_value(config.python)}")
     if result is not None and result.worker and result.worker.get("python"):
@@ -405,7 +407,7 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
                     **({"window_from": data["window_from"]} if "window_from" in data else {}))
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
                                     "target_options": dict(data.get("target_options", {})), "known": data.get("known")}
-        for key in ("python", "concurrency", "time_scale", "watchdog_s", "deadline_s", "invariants", "n"):
+        for key in ("python", "concurrency", "time_scale", "watchdog_s", "deadline_s", "invariants", "n", "upstream"):
             if key in data:
                 recorded[key] = data[key]
         if "bounds" in data:

@@ -61,6 +61,9 @@ class RunConfig:
     worker_log: str | None = None  # where the worker's stderr goes (default: a temp file)
     warm: bool = True  # fork the worker from a warm worker (`rollout-bench worker`) when one runs for the target
     known: str | None = None  # known findings (`bench.orchestration.known`): a shipped name or a TOML path
+    # a live engine's URL: its answers, through the fault proxy, instead of the trace's (`bench.server.proxy`); the
+    # trace then gives only the prompts and the trajectory ids, and replay fidelity does not apply
+    upstream: str | None = None
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -233,7 +236,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
     from .watchdog import DEADLINE, HANG, ServedTurns, Stall, watch
 
     async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
-                           groups_of=config.trajectories, **config.server_options) as server:
+                           groups_of=config.trajectories, upstream=config.upstream, **config.server_options) as server:
         store = server.context.store
         chosen = store.trajectories if config.trajectories is None else [
             store.by_id[t] for t in config.trajectories]
@@ -314,7 +317,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         view = RunView(ordered, requests, events, plan,
                        {s.id: s.group for s in specs}, store.header.context_length, target.fail_fast,
                        batch_error, hang, duration, config.bounds, emitted, server.context.served,
-                       tokens_source_of(target), lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                       tokens_source_of(target), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                       upstream=config.upstream)
         violations = check_all(view, config.invariants)
         return RunResult(config, target.name, str(store.path), store.header.context_length, ordered,
                          view.requests, view.fault_events, violations, batch_error, hang, started, duration,

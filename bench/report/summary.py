@@ -14,6 +14,7 @@ from bench.invariants.batch_survival import fail_closed_on
 from bench.invariants.provenance import LOGPROB_TOLERANCE
 from bench.invariants.replay_fidelity import describe as describe_fidelity
 from bench.invariants.replay_fidelity import measure as measure_fidelity
+from bench.invariants.replay_fidelity import not_applicable
 from bench.invariants.root_cause import root_cause
 from bench.invariants.vacuity import reach
 from bench.orchestration.runner import RunResult
@@ -140,7 +141,9 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
                                                   "deadline_s": result.hang.deadline_s,
                                                   "pending_tasks": len(result.hang.stacks)},
         # how the requests matched the recording: `unfaithful` above the bound (the replay_fidelity invariant)
-        "fidelity": fidelity.to_dict(result.config.bounds.max_drift_share),
+        "fidelity": fidelity.to_dict(result.config.bounds.max_drift_share) if result.config.upstream is None
+        else not_applicable(result.config.upstream),
+        "upstream": result.config.upstream,
         "violations": [v.to_dict() for v in result.violations],
         "violated_invariants": sorted({v.invariant for v in result.violations}),
         # violations a known-findings file declared (reported, not failures): `bench.orchestration.known`
@@ -231,7 +234,9 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     if not_reached:
         lines.append(("not reached", f"{', '.join(not_reached)}: rules the target stopped before (no verdict on them)"))
     fidelity = summary.get("fidelity")
-    if fidelity:
+    if fidelity and fidelity.get("applies") is False:
+        lines.append(("replay fidelity", f"does not apply: {fidelity['why']}"))
+    elif fidelity:
         verdict = "UNFAITHFUL, the findings are not about the recording" if fidelity["unfaithful"] else "faithful"
         lines.append(("replay fidelity", f"{verdict}: {describe_fidelity(fidelity)}"))
     violations = summary["violations"]

@@ -54,23 +54,36 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.on_response_prepare.append(add_served_headers)
     app.router.add_route("POST", "/generate", native.generate)
     app.router.add_route("PUT", "/generate", native.generate)
-    add_admin_routes(app)
+    if ctx.upstream is None:
+        add_admin_routes(app)
     add_bench_routes(app)
-    add_router_routes(app)
-    try:
-        from .openai_routes import add_openai_routes
-    except ImportError:  # pragma: no cover - the OpenAI routes module is optional while it lands
-        pass
-    else:
-        add_openai_routes(app)
+    add_router_routes(app, surface=ctx.upstream is None)
+    from .openai_routes import add_openai_routes
+
+    add_openai_routes(app)
+    if ctx.upstream is not None:  # everything else is the engine's (admin routes, a router's own), unchanged
+        app.router.add_route("*", "/{path:.*}", _forward)
     return app
+
+
+async def _forward(request: web.Request) -> web.StreamResponse:
+    upstream = request.app[CONTEXT_KEY].upstream
+    assert upstream is not None
+    return await upstream.forward(request)
 
 
 def load_context(trace: str | Path = DEFAULT_TRACE, *, sglang_version: str = DEFAULT_PROFILE,
                  time_scale: float = 0.0, plan: Plan | str | None = None, groups_of: Collection[str] | None = None,
                  **options: Any) -> ServerContext:
     """Load a trace (and a fault plan: a Plan, a TOML path or a shipped plan name) into a server context;
-    `groups_of`: serve only the groups of these trajectories (a repro's)."""
+    `groups_of`: serve only the groups of these trajectories (a repro's). With `upstream=URL` the answers come
+    from that live engine instead, the trace giving only the prompts' identities (`bench.server.proxy`)."""
+    if options.get("upstream"):
+        from .proxy import load_upstream_context
+
+        return load_upstream_context(options.pop("upstream"), trace=trace, sglang_version=sglang_version,
+                                     plan=plan, groups_of=groups_of, adapter=True, **options)
+    options.pop("upstream", None)
     if time_scale < 0:
         raise ValueError(f"time scale must be >= 0, got {time_scale}")
     store = TraceStore.load(resolve_trace(str(trace)), groups_of=groups_of)
@@ -115,6 +128,8 @@ class BenchServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.context.upstream is not None:
+            await self.context.upstream.close()
 
     async def __aenter__(self) -> "BenchServer":
         await self.start()

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from bench.records.request_log import RequestLog
 from bench.records.served_tokens import ServedTokens
 from bench.replay import GenerateParams, Generation, Identifier, Identity, TraceStore, build_generation, pack
+from bench.replay.store import RecordedTrajectory
 from bench.tokenizer import ByteBPETokenizer
 from faults import Exchange, FaultEngine, FaultEvent, Plan, Rule, Target
+from faults.engine import Decision
 
 from .profiles import SglangProfile
 from .state import ServerState
+
+if TYPE_CHECKING:  # the capture layer loads only in upstream mode
+    from bench.capture.parse import CapturedAnswer
+
+    from .upstream import Upstream
 
 
 @dataclass(frozen=True)
@@ -35,12 +43,15 @@ class ServerConfig:
 
 
 class ServerContext:
-    def __init__(self, config: ServerConfig, store: TraceStore, tokenizer: ByteBPETokenizer,
-                 plan: Plan | None = None) -> None:
+    def __init__(self, config: ServerConfig, store: TraceStore | None, tokenizer: ByteBPETokenizer,
+                 plan: Plan | None = None, upstream: Upstream | None = None) -> None:
         self.config = config
-        self.store = store
+        self.store = store  # None: a proxy with no trace (upstream mode only)
         self.tokenizer = tokenizer
-        self.identifier = Identifier(store)
+        self.upstream = upstream  # set: answers come from a live engine (`bench.server.upstream`)
+        # who each request is, and how its attempt ended: the trace's identifier, or the upstream's tracker
+        self.identifier: Identifier | Upstream = (upstream if upstream is not None
+                                                  else Identifier(store))  # type: ignore[arg-type]
         self.state = ServerState()
         self.log = RequestLog()
         self.served = ServedTokens()  # what each identified request was served, token by token
@@ -49,26 +60,49 @@ class ServerContext:
 
     def target(self, identity: Identity, endpoint: str) -> Target:
         """What fault schedules decide about: this attempt at this turn of this trajectory."""
-        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory else None
+        trajectory = self._recorded_trajectory(identity)
+        index = trajectory.index if trajectory else self.upstream.index_of(identity) if self.upstream else None
         return Target(trajectory=identity.trajectory or f"request:{identity.digest}",
-                      index=trajectory.index if trajectory else None, group=identity.group,
+                      index=index, group=identity.group,
                       turn=identity.turn or 0, attempt=identity.attempt, endpoint=endpoint)
 
     def exchange(self, generation: Generation, *, api: str, endpoint: str, stream: bool, rid: str,
-                 forced: tuple[Rule, ...] = ()) -> Exchange:
-        """The answer to send, after the fault plan (and any forced faults) had their say."""
-        flavor = "sglang" if api == "native" else self.config.openai_flavor
-        exchange = Exchange(api=api, flavor=flavor, endpoint=endpoint, stream=stream, generation=generation,
-                            weight_version=self.state.weight_version, context_length=self.config.context_length,
-                            tokenizer=self.tokenizer, tools=self._tools(generation.identity))
-        decision = self.faults.decide(self.target(generation.identity, endpoint), forced)
+                 forced: tuple[Rule, ...] = (), decision: Decision | None = None) -> Exchange:
+        """The answer to send, after the fault plan (and any forced faults) had their say (`decision`: already
+        taken, in upstream mode, before the engine was asked)."""
+        exchange = self._blank_exchange(generation, api=api, endpoint=endpoint, stream=stream)
+        if decision is None:
+            decision = self.faults.decide(self.target(generation.identity, endpoint), forced)
         if decision.rules:
             self.faults.apply(decision, exchange, rid)
         return exchange
 
+    def _recorded_trajectory(self, identity: Identity) -> RecordedTrajectory | None:
+        if identity.trajectory is None or self.store is None:
+            return None
+        return self.store.by_id.get(identity.trajectory)
+
+    def _blank_exchange(self, generation: Generation, *, api: str, endpoint: str, stream: bool) -> Exchange:
+        flavor = "sglang" if api == "native" else self.config.openai_flavor
+        return Exchange(api=api, flavor=flavor, endpoint=endpoint, stream=stream, generation=generation,
+                        weight_version=self.state.weight_version, context_length=self.config.context_length,
+                        tokenizer=self.tokenizer, tools=self._tools(generation.identity))
+
+    def plan_live(self, ids: list[int], hint: str | None, *, api: str, endpoint: str, stream: bool,
+                  forced: tuple[Rule, ...] = ()) -> Planned:
+        """Upstream mode, before the engine is asked: who sent the request, what the plan decided for it, and
+        whether a fault answers in the generation's place (then the engine is not asked)."""
+        assert self.upstream is not None
+        identity = self.upstream.place(ids, hint)
+        self.faults.observe(identity.trajectory, pack(ids), self.tokenizer)  # did it act on an earlier faulted answer?
+        decision = self.faults.decide(self.target(identity, endpoint), forced)
+        scratch = self._blank_exchange(self.upstream.no_answer(identity, len(ids), scratch=True), api=api,
+                                       endpoint=endpoint, stream=stream)
+        return Planned(identity, decision, bool(decision.rules) and self.faults.preempts(decision, scratch))
+
     def _tools(self, identity: Identity) -> tuple[str, ...]:
         """The names of the tools the trajectory's recorded prompt announces (none for an unknown request)."""
-        trajectory = self.store.by_id.get(identity.trajectory) if identity.trajectory else None
+        trajectory = self._recorded_trajectory(identity)
         if trajectory is None or not trajectory.prompt_tools:
             return ()
         return tuple(str(tool.get("function", tool).get("name", "")) for tool in trajectory.prompt_tools)
@@ -86,18 +120,45 @@ class ServerContext:
                                                   "aborted by a weight update"))
         self.state.abort(abort_all=True)
 
-    def generate(self, ids: list[int], params: GenerateParams, hint: str | None) -> Generation:
-        """Identify a request and build its (not yet paced) answer."""
+    def generate(self, ids: list[int], params: GenerateParams, hint: str | None,
+                 answer: CapturedAnswer | None = None, planned: Planned | None = None) -> Generation:
+        """Identify a request and build its (not yet paced) answer: the recording's, or in upstream mode
+        `answer`, the live engine's, for the request `plan_live` placed (none when a fault answers instead)."""
         packed = pack(ids)
+        if self.upstream is not None:
+            assert planned is not None, "upstream mode: the request was planned before the engine was asked"
+            if answer is None:
+                return self.upstream.no_answer(planned.identity, len(ids))
+            self._follow_version(answer.weight_version)
+            return self.upstream.generation(planned.identity, answer, params, self.tokenizer.eos_token_id)
         identity = self.identifier.identify(packed, hint)
         self.faults.observe(identity.trajectory, packed, self.tokenizer)  # did it act on an earlier faulted answer?
         return build_generation(identity, self._recorded(identity), params, self.tokenizer, seed_bytes=packed)
 
+    def _follow_version(self, reported: object) -> None:
+        """Upstream mode: the server's weight version is the newest the engine reported (answers in flight
+        during an update may report the older one: a number never goes back)."""
+        if reported is None or str(reported) == self.state.weight_version:
+            return
+        new, old = str(reported), self.state.weight_version
+        if new.isdigit() and old.isdigit() and int(new) < int(old):
+            return
+        self.state.weight_version = new
+
     def _recorded(self, identity: Identity):  # type: ignore[no-untyped-def]
-        if identity.trajectory is None or identity.turn is None or identity.drift == "extra_turn":
+        if identity.trajectory is None or identity.turn is None or identity.drift == "extra_turn" or self.store is None:
             return None
         turns = self.store.by_id[identity.trajectory].turns
         return turns[identity.turn] if identity.turn < len(turns) else None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """Upstream mode: a request placed and decided before its engine is asked (`ServerContext.plan_live`)."""
+
+    identity: Identity
+    decision: Decision
+    preempted: bool  # a fault answers in the generation's place: the engine is not asked
 
 
 CONTEXT_KEY: web.AppKey[ServerContext] = web.AppKey("bench.context", ServerContext)

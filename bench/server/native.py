@@ -14,10 +14,10 @@ from bench.replay import Generation, context_error
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
 
 from . import transport, wire
-from .context import ServerContext, context_of
+from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
-from .playback import Choice, identified, new_record, play, reject
+from .playback import Choice, identified, new_record, play, reject, upstream_failed
 
 
 class _Rejection(ValueRejected):
@@ -44,12 +44,32 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         parsed = parse_generate(body, ctx.config.profile, ctx.tokenizer, request.headers.get(TRAJECTORY_HEADER))
     except Rejected as rejected:
+        if ctx.upstream is not None:  # the engine judges what the bench's parser does not know
+            return await _pass_through(ctx, request, arrived, "rejected body")
         _log_rejection(ctx, request, arrived, rejected.response.status, "rejected body")
         return rejected.response
     except ValueRejected as error:
+        if ctx.upstream is not None:
+            return await _pass_through(ctx, request, arrived, error.message)
         _log_rejection(ctx, request, arrived, 200 if stream else 400, error.message)
         return await _stream_error(request, ctx, error.message) if stream else wire.value_error(error.message)
-    prepared = [_prepare(ctx, request, parsed, item, arrived, forced) for item in parsed.items]
+    answers: list[Any] = [None] * len(parsed.items)
+    planned: list[Any] = [None] * len(parsed.items)
+    if ctx.upstream is not None:  # placed and decided first: a fault that answers instead spares the engine
+        planned = [ctx.plan_live(item.ids, item.hint, api="native", endpoint=request.path, stream=parsed.stream,
+                                 forced=forced) for item in parsed.items]
+        if not all(p.preempted for p in planned):
+            fetched = await ctx.upstream.fetch(request)
+            live = ctx.upstream.answers(request.path, await request.read(), fetched, len(parsed.items), ctx.tokenizer)
+            if live is None:  # the engine's own error (or an answer the bench cannot read): as it came, unfaulted
+                for item, plan in zip(parsed.items, planned):
+                    record = new_record(ctx, request.path, arrived, rid=item.rid, stream=parsed.stream,
+                                        prompt_tokens=len(item.ids))
+                    upstream_failed(ctx, record, plan.identity, fetched.status, arrived)
+                return ctx.upstream.pass_through(fetched)
+            answers = [None if p.preempted else a for p, a in zip(planned, live)]
+    prepared = [_prepare(ctx, request, parsed, item, arrived, forced, answer, plan)
+                for item, answer, plan in zip(parsed.items, answers, planned)]
     exchanges = [p for p in prepared if isinstance(p, tuple)]
     for _, record, exchange in exchanges:
         if exchange.replacement is not None:
@@ -92,25 +112,36 @@ async def _open_stream(request: web.Request, content_type: str | None = None) ->
     return response
 
 
+async def _pass_through(ctx: ServerContext, request: web.Request, arrived: float, why: str) -> web.Response:
+    """Upstream mode: a request the bench's parser refuses goes to the engine as it is; its answer comes back
+    unfaulted (logged unidentified, with the parser's reason)."""
+    assert ctx.upstream is not None
+    fetched = await ctx.upstream.fetch(request)
+    _log_rejection(ctx, request, arrived, fetched.status, f"passed through: {why}")
+    return ctx.upstream.pass_through(fetched)
+
+
 def _prepare(ctx: ServerContext, request: web.Request, parsed: NativeRequest, item: NativeItem, arrived: float,
-             forced: tuple[Rule, ...]) -> tuple[NativeItem, RequestRecord, Exchange] | ValueRejected:
+             forced: tuple[Rule, ...], answer: Any = None, planned: Planned | None = None
+             ) -> tuple[NativeItem, RequestRecord, Exchange] | ValueRejected:
     """Identify an item, let the fault plan act, then run SGLang's request checks."""
     record = new_record(ctx, request.path, arrived, rid=item.rid, stream=parsed.stream, prompt_tokens=len(item.ids),
                         request=request)
-    if item.rid in ctx.state.inflight:
+    if ctx.upstream is None and item.rid in ctx.state.inflight:  # upstream mode: the engine accepted it
         message = f"Duplicate request ID detected: {item.rid}"
         reject(ctx, record, 200 if parsed.stream else 400, message, arrived)
         return ValueRejected(message)
-    generation = ctx.generate(item.ids, item.params, item.hint)
+    generation = ctx.generate(item.ids, item.params, item.hint, answer, planned)
     identified(ctx, record, generation, item.ids)
     exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=parsed.stream, rid=item.rid,
-                            forced=forced)
+                            forced=forced, decision=planned.decision if planned else None)
     if exchange.replacement is not None:
         reject(ctx, record, exchange.replacement.status, "fault replacement", arrived, generation)
         return item, record, exchange
     max_new = 128 if item.params.max_new_tokens is None else item.params.max_new_tokens
-    problem = context_error(len(item.ids), max_new, exchange.refusal_context or ctx.config.context_length,
-                            legacy=ctx.config.profile.legacy_context_check)
+    problem = None if ctx.upstream is not None and exchange.refusal_context is None else context_error(
+        len(item.ids), max_new, exchange.refusal_context or ctx.config.context_length,
+        legacy=ctx.config.profile.legacy_context_check)  # upstream mode: the engine checked its own context
     if problem is None and generation.is_error:
         problem = generation.error_message or "error"
     if problem is not None:

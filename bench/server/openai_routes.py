@@ -29,12 +29,12 @@ from bench.tokenizer import ByteBPETokenizer
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Replacement, Rule, forced_rules
 
 from . import transport, wire
-from .context import ServerContext, context_of
+from .context import Planned, ServerContext, context_of
 from .openai_answer import settle
 from .openai_format import OpenAIFormatter
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate
 from .openai_stream import play_choice, stream_choices, wire_faults
-from .playback import Choice, identified, new_record, reject
+from .playback import Choice, identified, new_record, reject, upstream_failed
 
 Parser = Callable[[dict[str, Any], str, ByteBPETokenizer], OpenAIRequest]
 _PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "generate": "generate-tokens-"}
@@ -95,7 +95,8 @@ def _check(ctx: ServerContext, parsed: OpenAIRequest, ids: list[int], generation
 
 
 def _choices(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, base_id: str, arrived: float,
-             forced: tuple[Rule, ...]) -> tuple[list[Choice], list[Exchange]]:
+             forced: tuple[Rule, ...], live: tuple[list[Any], list[Planned]] | None = None
+             ) -> tuple[list[Choice], list[Exchange]]:
     """Identify every (prompt, n) choice and let the faults decide; the first refusal stops the request."""
     hint = request.headers.get(TRAJECTORY_HEADER)
     single = len(parsed.prompts) * parsed.sampling.n == 1
@@ -108,19 +109,23 @@ def _choices(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, ba
             rid = base_id if single else uuid.uuid4().hex
             if vllm and rid in ctx.state.inflight:  # a client-chosen request_id already running: keep both apart
                 rid = uuid.uuid4().hex
-            generation = ctx.generate(ids, params, hint)
+            answer, planned = (live[0][len(choices)], live[1][len(choices)]) if live else (None, None)
+            generation = ctx.generate(ids, params, hint, answer, planned)
             record = new_record(ctx, request.path, arrived, rid=rid, stream=parsed.stream, prompt_tokens=len(ids),
                                 request=request)
             identified(ctx, record, generation, ids)
             exchange = ctx.exchange(generation, api="openai", endpoint=request.path, stream=parsed.stream, rid=rid,
-                                    forced=forced)
+                                    forced=forced, decision=planned.decision if planned else None)
             try:
                 _faults_answer(parsed, exchange)
-                _check(ctx, parsed, ids, generation, rid, exchange.refusal_context or ctx.config.context_length)
+                if ctx.upstream is None or exchange.refusal_context is not None:  # else the engine checked its own
+                    _check(ctx, parsed, ids, generation, rid, exchange.refusal_context or ctx.config.context_length)
             except (_Refused, _Faulted) as stop:
                 status = 200 if isinstance(stop, _Refused) and stop.in_band else stop.status
                 for choice in [*choices, Choice(len(choices), ids, generation, rid, record)]:
                     _refused(ctx, choice, status, str(stop), arrived)  # identified, never played
+                for later in (live[1][len(choices) + 1:] if live else ()):  # placed upstream-side, never answered
+                    ctx.identifier.record_outcome(later.identity, succeeded=False)
                 raise
             choices.append(Choice(len(choices), ids, generation, rid, record, exchange, parsed.logprobs))
             exchanges.append(exchange)
@@ -189,11 +194,21 @@ async def _serve(request: web.Request, kind: str, parser: Parser) -> web.StreamR
         reject(ctx, new_record(ctx, request.path, arrived), 400, str(error), arrived)
         return wire.openai_error(flavor, str(error), 400, "bench_fault_header")
     except BadRequest as error:
+        if ctx.upstream is not None:  # the engine judges what the bench's parser does not know
+            fetched = await ctx.upstream.fetch(request)
+            reject(ctx, new_record(ctx, request.path, arrived), fetched.status, f"passed through: {error.message}",
+                   arrived)
+            return ctx.upstream.pass_through(fetched)
         reject(ctx, new_record(ctx, request.path, arrived), 400, error.message, arrived)
         return wire.openai_error(flavor, error.message, 400, error.err_type, error.param)
     base_id = parsed.client_id or uuid.uuid4().hex
+    live = None
+    if ctx.upstream is not None:
+        live = await _upstream_answers(ctx, request, parsed, arrived, forced)
+        if not isinstance(live, tuple):
+            return live
     try:
-        choices, exchanges = _choices(ctx, request, parsed, base_id, arrived, forced)
+        choices, exchanges = _choices(ctx, request, parsed, base_id, arrived, forced, live)
     except _Refused as refused:
         if refused.in_band:
             return await _refuse_in_band(request, flavor, refused)
@@ -208,6 +223,27 @@ async def _serve(request: web.Request, kind: str, parser: Parser) -> web.StreamR
     if parsed.stream:
         return await stream_choices(request, ctx, parsed, choices, exchanges, formatter, arrived)
     return await _whole(request, ctx, parsed, choices, exchanges, formatter, arrived)
+
+
+async def _upstream_answers(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, arrived: float,
+                            forced: tuple[Rule, ...]) -> tuple[list[Any], list[Planned]] | web.Response:
+    """Upstream mode: every choice placed and decided, then the engine's answer, one per choice (none where a
+    fault answers instead; the engine is not asked when every choice's does); or, for the engine's own error (or
+    an answer the bench cannot read), that answer as it came, unfaulted, with every choice's attempt failed."""
+    assert ctx.upstream is not None
+    hint = request.headers.get(TRAJECTORY_HEADER)
+    planned = [ctx.plan_live(ids, hint, api="openai", endpoint=request.path, stream=parsed.stream, forced=forced)
+               for ids in parsed.prompts for _ in range(parsed.sampling.n)]
+    if all(p.preempted for p in planned):
+        return [None] * len(planned), planned
+    fetched = await ctx.upstream.fetch(request)
+    answers = ctx.upstream.answers(request.path, await request.read(), fetched, len(planned), ctx.tokenizer)
+    if answers is not None:
+        return [None if p.preempted else a for p, a in zip(planned, answers)], planned
+    for ids, plan in zip([ids for ids in parsed.prompts for _ in range(parsed.sampling.n)], planned):
+        record = new_record(ctx, request.path, arrived, stream=parsed.stream, prompt_tokens=len(ids))
+        upstream_failed(ctx, record, plan.identity, fetched.status, arrived)
+    return ctx.upstream.pass_through(fetched)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -17,7 +17,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from bench.records.request_log import RequestRecord
-from bench.replay import Generation, pack
+from bench.replay import Generation, Identity, pack
 from faults import Exchange
 
 from .context import ServerContext
@@ -110,6 +110,15 @@ def reject(ctx: ServerContext, record: RequestRecord, status: int, error: str, a
     record.latency_s = round(time.time() - arrived, 6)
     if generation is not None:
         ctx.identifier.record_outcome(generation.identity, succeeded=False)
+
+
+def upstream_failed(ctx: ServerContext, record: RequestRecord, identity: Identity, status: int, arrived: float) -> None:
+    """Upstream mode: the engine answered an error (passed on as it came, unfaulted): log the attempt failed."""
+    assert ctx.upstream is not None
+    record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
+    record.attempt, record.by_order = identity.attempt, identity.by_order
+    reject(ctx, record, status, f"upstream answered {status}", arrived)
+    ctx.upstream.record_outcome(identity, succeeded=False)
 
 
 def _finish(ctx: ServerContext, choice: Choice, arrived: float, count: int, aborted: bool,

@@ -62,9 +62,12 @@ async def no_workers_middleware(request: web.Request,
     return await handler(request)
 
 
-def add_router_routes(app: web.Application) -> None:
-    app.router.add_get("/workers", workers)
-    app.router.add_get("/list_workers", list_workers)
-    app.router.add_get("/readiness", readiness)
+def add_router_routes(app: web.Application, surface: bool = True) -> None:
+    """The router's routes (`surface`: False in upstream mode, where the engine's own answer them) and the
+    bench's control over its only worker, which also holds in front of a live engine."""
+    if surface:
+        app.router.add_get("/workers", workers)
+        app.router.add_get("/list_workers", list_workers)
+        app.router.add_get("/readiness", readiness)
     app.router.add_post("/bench/workers", set_workers)
     app.middlewares.append(no_workers_middleware)
