@@ -56,7 +56,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(args.trace, host=args.host, port=args.port, log_dir=args.log_dir, plan=plan,
                              sglang_version=args.sglang_version, time_scale=args.time_scale,
                              router_version=args.router_version, openai_flavor=args.openai_flavor,
-                             incremental_streaming=args.incremental_streaming_output))
+                             incremental_streaming=args.incremental_streaming_output, tokenizer_dir=args.tokenizer))
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
@@ -149,6 +149,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options["known"] = args.known
     if args.upstream:
         options["upstream"] = args.upstream
+    if args.tokenizer:
+        options["tokenizer_dir"] = args.tokenizer
     target_options = _target_options(args)
     if args.repro:
         if args.plan or args.fault or args.n is not None or args.trace != DEFAULT_TRACE:
@@ -434,6 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--fault", action="append", metavar="SPEC",
                        help="a fault rule, e.g. 'missing_logprobs:p=1/400' (repeatable; added to --plan)")
     serve.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
+    serve.add_argument("--tokenizer", metavar="DIR", help="the trace's tokenizer when it is not the bench's (a "
+                       "recording of a real model): a local Hugging Face tokenizer folder")
     serve.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
     serve.set_defaults(run=_cmd_serve)
 
@@ -529,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--upstream", metavar="URL", help="a live SGLang / vLLM server: the target's requests go "
                      "through the fault proxy to it instead of to the mock; the trace gives only the prompts (replay "
                      "fidelity then does not apply; --time-scale neither: the engine paces its answers)")
+    run.add_argument("--tokenizer", metavar="DIR", help="the trace's tokenizer when it is not the bench's (a recording "
+                     "of a real model; a local Hugging Face folder): the mock adapts answers with it and the target "
+                     "loads it; with --upstream, the engine's model's tokenizer")
     run.add_argument("--cold", action="store_true",
                      help="start a fresh worker even when a warm one (`rollout-bench worker`) runs for the target")
     run.set_defaults(run=_cmd_run)

@@ -120,3 +120,46 @@ def test_miles_round_trips_through_the_real_router(tmp_path: Path) -> None:
     path, samples, originals, served = asyncio.run(_record_run("miles", "rlvr-500", 32, tmp_path, 16, python))
     assert len(samples) == 32 and served == 32
     _check_round_trip(path, originals, served, "miles", 16, python)
+
+
+@pytest.mark.slow
+def test_a_recording_in_another_tokenizer_replays_with_that_tokenizer(tmp_path: Path) -> None:
+    """A real model's recording names its own tokenizer: the mock serves it, and the target loads it, from the
+    local folder given (here a copy of the bench's tokenizer under another name: not recognised as the bench's)."""
+    import shutil
+
+    from bench.targets.frameworks.envs import target_python
+
+    python = target_python("miles")
+    if python is None:
+        pytest.skip("the miles environment is not built (make targets): the foreign-tokenizer replay did not run")
+    folder = tmp_path / "model-tokenizer"
+    shutil.copytree(tokenizer_path(), folder)
+
+    async def record() -> tuple[Path, list[Trajectory]]:
+        with ServerThread("rlvr-500") as mock:
+            proxy = RecordingProxy(mock.url, tmp_path / "foreign.jsonl", tokenizer_dir=str(folder))
+            url = await proxy.start()
+            store = mock.context.store
+            specs = [_spec(t) for t in store.trajectories[:8]]
+            mock.context.identifier.dispatched = frozenset(s.id for s in specs)
+            try:
+                from bench.isolation.process import IsolatedTarget
+                job = RolloutJob(url, specs, store.header.context_length, folder, 8, 0, [], {"trace": str(store.path)})
+                await IsolatedTarget("miles", python).run(job, lambda record: None)
+            finally:
+                path = await proxy.stop()
+            return path, [t for t in _trajectories(store.path) if t.id in {s.id for s in specs}]
+
+    path, originals = asyncio.run(record())
+    with open_trace(path) as reader:
+        assert reader.header.tokenizer.name == str(folder)
+    assert [p.message for p in validate_trace(path)] == []
+    _assert_recorded_what_was_served(_trajectories(path), originals, 8)
+    with pytest.raises(ValueError, match="--tokenizer DIR"):
+        run_blocking(RunConfig(trace=str(path), target="ref-gather:fixed", plan=None, isolation="inline"))
+    result = run_blocking(RunConfig(trace=str(path), target="miles", plan=None, python=python,
+                                    tokenizer_dir=str(folder)))
+    generations = [r for r in result.requests if r.endpoint == "/generate"]
+    assert len(generations) == 8 and all(r.trajectory is not None and r.drift is None for r in generations)
+    assert result.violations == [], [(v.invariant, v.message) for v in result.violations]

@@ -110,10 +110,11 @@ class LocalTokenizer:
 
 
 def tokenizer_for(info: UpstreamInfo, folder: str | None) -> tuple[Any, TokenizerInfo, str]:
-    """(tokenizer or None, the header's tokenizer record, where that record came from)."""
+    """(tokenizer or None, the header's tokenizer record, where that record came from). A folder given wins over
+    what the upstream looks like."""
     if folder is not None and Path(folder).resolve() == tokenizer_path().resolve():
         info.is_bench_mock = True  # the bench's own tokenizer (`rollout-bench tokenizer`): e.g. the mock behind a router
-    if folder is not None and not info.is_bench_mock:
+    elif folder is not None:
         local = LocalTokenizer(folder)
         return local, TokenizerInfo(local.name, local.vocab_size, local.eos_token_id, local.pad_token_id), "--tokenizer"
     if info.is_bench_mock:

@@ -340,6 +340,8 @@ def write_config(config: RunConfig, path: Path, *, result: RunResult | None = No
              f"isolation = {toml_value(config.isolation)}"]
     if config.upstream:  # the run's answers came from this live engine (through the fault proxy)
         lines.append(f"upstream = {toml_value(config.upstream)}")
+    if config.tokenizer_dir:  # the trace's ids are in this tokenizer, not the bench's
+        lines.append(f"tokenizer_dir = {toml_value(config.tokenizer_dir)}")
     if config.python:
         lines.append(f"python = {toml_value(config.python)}")
     if result is not None and result.worker and result.worker.get("python"):
@@ -407,7 +409,8 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
                     **({"window_from": data["window_from"]} if "window_from" in data else {}))
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
                                     "target_options": dict(data.get("target_options", {})), "known": data.get("known")}
-        for key in ("python", "concurrency", "time_scale", "watchdog_s", "deadline_s", "invariants", "n", "upstream"):
+        for key in ("python", "concurrency", "time_scale", "watchdog_s", "deadline_s", "invariants", "n", "upstream",
+                    "tokenizer_dir"):
             if key in data:
                 recorded[key] = data[key]
         if "bounds" in data:

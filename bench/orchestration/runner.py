@@ -30,7 +30,6 @@ from bench.replay.store import RecordedTrajectory
 from bench.targets import (DEFAULT_TARGET, Emit, RolloutJob, TargetAdapter, TrajectorySpec, check_target_spec,
                            framework_info_of, resolve_target, tokens_source_of)
 from bench.targets.frameworks.envs import target_python
-from bench.tokenizer import tokenizer_path
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import FaultEvent, Plan
 
@@ -64,6 +63,9 @@ class RunConfig:
     # a live engine's URL: its answers, through the fault proxy, instead of the trace's (`bench.server.proxy`); the
     # trace then gives only the prompts and the trajectory ids, and replay fidelity does not apply
     upstream: str | None = None
+    # the trace's tokenizer, when it is not the bench's (a recording of a real model): a local Hugging Face folder
+    # the mock adapts answers with and the target loads as the job's tokenizer
+    tokenizer_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -236,7 +238,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
     from .watchdog import DEADLINE, HANG, ServedTurns, Stall, watch
 
     async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
-                           groups_of=config.trajectories, upstream=config.upstream, **config.server_options) as server:
+                           groups_of=config.trajectories, upstream=config.upstream, tokenizer_dir=config.tokenizer_dir,
+                           **config.server_options) as server:
         store = server.context.store
         chosen = store.trajectories if config.trajectories is None else [
             store.by_id[t] for t in config.trajectories]
@@ -244,7 +247,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         specs = [_spec(t) for t in chosen]
         server.context.identifier.dispatched = frozenset(s.id for s in specs)
         plan = config.plan
-        job = RolloutJob(server.url, specs, store.header.context_length, tokenizer_path(), config.concurrency,
+        job = RolloutJob(server.url, specs, store.header.context_length, server.context.tokenizer_folder,
+                         config.concurrency,
                          plan.seed if plan else 0, [r for r in (plan.rules if plan else ()) if not r.fault.server_side],
                          {"trace": str(store.path), **config.target_options})
         records: dict[str, SampleRecord] = {}

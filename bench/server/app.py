@@ -13,7 +13,8 @@ from aiohttp import web
 
 from bench.records.request_log import RequestLog, RequestRecord
 from bench.replay import TraceStore
-from bench.tokenizer import TOKENIZER_NAME, load_tokenizer
+from bench.tokenizer import TOKENIZER_NAME, load_tokenizer, tokenizer_path
+from bench.trace import TokenizerInfo
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan, resolve_plan
 
@@ -84,17 +85,40 @@ def load_context(trace: str | Path = DEFAULT_TRACE, *, sglang_version: str = DEF
         return load_upstream_context(options.pop("upstream"), trace=trace, sglang_version=sglang_version,
                                      plan=plan, groups_of=groups_of, adapter=True, **options)
     options.pop("upstream", None)
+    tokenizer_dir = options.pop("tokenizer_dir", None)
     if time_scale < 0:
         raise ValueError(f"time scale must be >= 0, got {time_scale}")
     store = TraceStore.load(resolve_trace(str(trace)), groups_of=groups_of)
-    if store.header.tokenizer.name != TOKENIZER_NAME:
-        raise ValueError(f"trace {store.path} uses tokenizer {store.header.tokenizer.name!r}; "
-                         f"the server can only adapt traces in {TOKENIZER_NAME!r} for now")
+    tokenizer, folder = trace_tokenizer(store.path, store.header.tokenizer, tokenizer_dir)
     config = ServerConfig(profile=get_profile(sglang_version), model=store.header.model,
                           context_length=store.header.context_length, time_scale=time_scale, **options)
     if isinstance(plan, str):
         plan = resolve_plan(plan)
-    return ServerContext(config, store, load_tokenizer(), plan)
+    return ServerContext(config, store, tokenizer, plan, tokenizer_folder=folder)
+
+
+def trace_tokenizer(path: Path, named: TokenizerInfo, folder: str | None) -> tuple[Any, Path]:
+    """The tokenizer a trace's ids are in, and its folder: the bench's own, or (a recording of a real model) the
+    local Hugging Face folder given as `--tokenizer DIR`, checked against what the trace's header says."""
+    bench = folder is None or Path(folder).resolve() == tokenizer_path().resolve()
+    if named.name == TOKENIZER_NAME:
+        if not bench:
+            raise ValueError(f"trace {path} is in the bench's own tokenizer ({TOKENIZER_NAME}); --tokenizer {folder} "
+                             "does not apply to it")
+        return load_tokenizer(), tokenizer_path()
+    if folder is None:
+        raise ValueError(f"trace {path} uses tokenizer {named.name!r}, not the bench's ({TOKENIZER_NAME}): give "
+                         "--tokenizer DIR, a local folder of that tokenizer (Hugging Face format), to serve it")
+    from bench.capture.upstream import LocalTokenizer, UpstreamError
+
+    try:
+        local = LocalTokenizer(folder)
+    except UpstreamError as error:
+        raise ValueError(str(error)) from None
+    if local.vocab_size < named.vocab_size:
+        raise ValueError(f"--tokenizer {folder} has {local.vocab_size} tokens but trace {path} says its ids reach "
+                         f"{named.vocab_size - 1} (tokenizer {named.name!r}): not the trace's tokenizer")
+    return local, Path(folder)
 
 
 class BenchServer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -12,7 +13,7 @@ from bench.records.request_log import RequestLog
 from bench.records.served_tokens import ServedTokens
 from bench.replay import GenerateParams, Generation, Identifier, Identity, TraceStore, build_generation, pack
 from bench.replay.store import RecordedTrajectory
-from bench.tokenizer import ByteBPETokenizer
+from bench.tokenizer import ByteBPETokenizer, tokenizer_path
 from faults import Exchange, FaultEngine, FaultEvent, Plan, Rule, Target
 from faults.engine import Decision
 
@@ -44,10 +45,12 @@ class ServerConfig:
 
 class ServerContext:
     def __init__(self, config: ServerConfig, store: TraceStore | None, tokenizer: ByteBPETokenizer,
-                 plan: Plan | None = None, upstream: Upstream | None = None) -> None:
+                 plan: Plan | None = None, upstream: Upstream | None = None,
+                 tokenizer_folder: Path | None = None) -> None:
         self.config = config
         self.store = store  # None: a proxy with no trace (upstream mode only)
         self.tokenizer = tokenizer
+        self.tokenizer_folder = tokenizer_folder or tokenizer_path()  # what a target loads as the job's tokenizer
         self.upstream = upstream  # set: answers come from a live engine (`bench.server.upstream`)
         # who each request is, and how its attempt ended: the trace's identifier, or the upstream's tracker
         self.identifier: Identifier | Upstream = (upstream if upstream is not None

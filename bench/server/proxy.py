@@ -89,7 +89,8 @@ def load_upstream_context(upstream: str, *, trace: str | Path | None = None, pla
     options.setdefault("openai_flavor", "sglang" if info.server == "sglang" else "vllm")
     config = ServerConfig(profile=get_profile(sglang_version), model=info.model, context_length=context,
                           time_scale=0.0, **options)
-    return ServerContext(config, store, tokenizer, plan, upstream=Upstream(upstream.rstrip("/"), tracker,
+    return ServerContext(config, store, tokenizer, plan, tokenizer_folder=Path(tokenizer_dir) if tokenizer_dir else None,
+                         upstream=Upstream(upstream.rstrip("/"), tracker,
                                                                            named=store is not None))
 
 
