@@ -219,6 +219,12 @@ def test_openai_routes_are_recorded_with_their_token_ids_streamed_or_not(tmp_pat
                 answer = await reply.json()
             seen.append((answer["choices"][0]["token_ids"], [e["logprob"] for e in
                                                              answer["choices"][0]["logprobs"]["content"]]))
+            async with session.post(url + "/v1/chat/completions", json=chat | {"stream": True}) as reply:
+                chunks = [json.loads(line[6:]) for line in (await reply.read()).split(b"\n\n")
+                          if line.startswith(b"data: {")]
+            seen.append(([i for c in chunks for choice in c["choices"] for i in (choice.get("token_ids") or [])],
+                         [e["logprob"] for c in chunks for choice in c["choices"]
+                          for e in ((choice.get("logprobs") or {}).get("content") or [])]))
         return seen, await proxy.stop()
 
     with ServerThread("rlvr-500") as mock:
@@ -230,9 +236,11 @@ def test_openai_routes_are_recorded_with_their_token_ids_streamed_or_not(tmp_pat
     assert len(completions) == 2 and {t.group_id for t in completions} == {completions[0].group_id}
     assert sorted((t.turns[0].response.output_ids, t.turns[0].response.logprobs) for t in completions) == \
         sorted((ids, logprobs) for ids, logprobs in seen[:2])
-    chat = next(t for t in recorded if t.turns[0].request.endpoint == "/v1/chat/completions")
-    assert chat.turns[0].request.messages == [{"role": "user", "content": "hello"}]
-    assert chat.prompt.ids and (chat.turns[0].response.output_ids, chat.turns[0].response.logprobs) == seen[2]
+    chats = [t for t in recorded if t.turns[0].request.endpoint == "/v1/chat/completions"]
+    assert len(chats) == 2 and all(t.prompt.messages == [{"role": "user", "content": "hello"}] for t in chats)
+    assert all(t.prompt.ids and t.turns[0].request.input_ids_append == [] for t in chats)  # replayable: in ids
+    assert sorted((t.turns[0].response.output_ids, t.turns[0].response.logprobs) for t in chats) == sorted(seen[2:])
+    assert seen[3][0], "the streamed chat carried token ids"  # streamed or not, the ids are kept
 
 
 def test_compaction_joins_fragments_and_keeps_the_file_valid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

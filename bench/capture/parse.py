@@ -289,6 +289,20 @@ def _openai_logprobs(kind: str, logprobs: Any) -> list[float] | None:
     return None if values is None else [0.0 if v is None else v for v in values]
 
 
+def _logprob_token_ids(logprobs: Any) -> list[int] | None:
+    """The ids vLLM names in logprob entries under `return_tokens_as_token_ids` (`"token_id:123"`); None otherwise."""
+    if not isinstance(logprobs, dict):
+        return None
+    tokens = ([entry.get("token") for entry in logprobs["content"] or []] if "content" in logprobs
+              else logprobs.get("tokens"))
+    if not tokens or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return None
+    try:
+        return [int(t[9:]) for t in tokens]
+    except ValueError:
+        return None
+
+
 def _openai_choices(request: CapturedRequest, body: dict[str, Any]) -> list[CapturedAnswer]:
     version = (body.get("metadata") or {}).get("weight_version")
     usage = body.get("usage") or {}
@@ -308,7 +322,8 @@ def _openai_choice(request: CapturedRequest, choice: dict[str, Any], version: st
                    top_prompt: Any) -> CapturedAnswer:
     ids = choice.get("token_ids")
     known = _int_list(ids)
-    ids = list(ids) if known else []
+    ids = list(ids) if known else (_logprob_token_ids(choice.get("logprobs")) or [])
+    known = known or bool(ids)
     logprobs = _openai_logprobs(request.kind, choice.get("logprobs"))
     if request.kind == "chat":
         message = choice.get("message") or {}
@@ -341,6 +356,7 @@ class StreamAssembler:
         self._answers = [CapturedAnswer(logprobs=[] if request.wants_logprobs else None)
                          for _ in request.inputs]
         self._first_token: list[float | None] = [None] * len(request.inputs)
+        self._ids_seen = [False] * len(request.inputs)  # OpenAI: some chunk of the choice carried token ids
         self._last = started
         self._problem: CapturedError | None = None
         self.done = False
@@ -392,7 +408,9 @@ class StreamAssembler:
             if pairs is not None and answer.logprobs is not None:
                 answer.logprobs = _merge(answer.logprobs, [p[0] for p in pairs], count, cumulative)
             text = item.get("text") or ""
-            answer.text = text if cumulative else answer.text + text
+            # cumulative text (the default, and SGLang's abort chunk, whose ids are not) starts with what came before
+            whole = cumulative or len(text) >= len(answer.text) > 0 and text.startswith(answer.text)
+            answer.text = text if whole else answer.text + text
         else:
             answer.ids_known = False
             answer.text = item.get("text") or answer.text
@@ -413,10 +431,11 @@ class StreamAssembler:
             index = choice.get("index", 0)
             answer = self._answers[index]
             ids = choice.get("token_ids")
-            if _int_list(ids):
+            if not _int_list(ids):
+                ids = _logprob_token_ids(choice.get("logprobs"))
+            if ids:
                 answer.output_ids.extend(ids)
-            elif ids is None and "token_ids" not in choice:
-                answer.ids_known = False
+                self._ids_seen[index] = True
             if _int_list(choice.get("prompt_token_ids")):
                 answer.prompt_ids = list(choice["prompt_token_ids"])
             values = _openai_logprobs(self.request.kind, choice.get("logprobs"))
@@ -444,6 +463,8 @@ class StreamAssembler:
             elapsed = self._last - self.started
             return [CapturedAnswer(error=self._problem, ttft=elapsed, total=elapsed) for _ in self.request.inputs]
         for index, answer in enumerate(self._answers):
+            if self.request.api == "openai" and not self._ids_seen[index] and answer.text:
+                answer.ids_known = False  # text came, no chunk carried its ids (SGLang, or no return_token_ids)
             if not answer.ids_known:
                 answer.output_ids = []
             answer.completion_tokens = len(answer.output_ids)

@@ -22,6 +22,7 @@ from msgspec.structs import replace
 from multidict import CIMultiDict
 from yarl import URL
 
+from bench.tokenizer import TOKENIZER_NAME
 from bench.trace import TraceHeader, TraceSource, Trajectory
 from bench.trace.schema import Prompt, Request, Response, ToolCall, ToolOutput, Turn
 
@@ -83,7 +84,7 @@ class Recorder:
         self.info = info
         self.redact_text = redact_text
         self.tracker = TrafficTracker()
-        self.recording = Recording(tokenizer)
+        self.recording = Recording(tokenizer, texts_from_ids=header.tokenizer.name == TOKENIZER_NAME)
         self.journal = Journal(out, header if not redact_text else _redacted_header(header), force=force)
         self.stats = RecorderStats()
         self._largest_id = -1

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from bench.trace import Latency, Prompt, Request, Response, ResponseError, ToolCall, ToolOutput, Trajectory, Turn
 
 from .parse import CapturedAnswer, CapturedInput
-from .tracker import Placement, key_ids
+from .tracker import Placement
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.S)
@@ -39,6 +39,8 @@ class _Open:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)  # each error answer: turn, attempt, status, body
+    inputs: list[list[int] | None] = field(default_factory=list)  # each turn's whole input ids (None: unknown)
+    outputs: list[list[int]] = field(default_factory=list)  # each turn's output ids
     appends_text: list[str | None] = field(default_factory=list)  # each turn's appended input, as text
 
 
@@ -59,32 +61,61 @@ def _finite_logprobs(answer: CapturedAnswer) -> tuple[list[float] | None, str | 
 
 
 class Recording:
-    """The trajectories of one recording, built exchange by exchange."""
+    """The trajectories of one recording, built exchange by exchange.
 
-    def __init__(self, tokenizer: Detokenizer | None) -> None:
+    A turn is written in ids whenever its input ids are known (sent as ids, reported by the server, or, for a
+    text prompt, the recording tokenizer's tokenization of it, noted): `input_ids_append` when it extends the
+    previous turn's input and output, else `input_ids` (a chat template that renders history differently).
+    Replay identifies requests by ids; the messages of a chat stay in `prompt.messages`.
+    """
+
+    def __init__(self, tokenizer: Detokenizer | None, *, texts_from_ids: bool = False) -> None:
         self.tokenizer = tokenizer  # decodes appended ids to find tool outputs; None: they stay unread
+        # the bench's own tokenizer: an answer's text is what its ids decode to (what `validate` checks)
+        self.texts_from_ids = texts_from_ids and tokenizer is not None
         self._open: dict[str, _Open] = {}
 
     def add(self, placement: Placement, captured: CapturedInput, answer: CapturedAnswer, endpoint: str,
             input_ids: list[int] | None) -> Trajectory:
         """Record one finished exchange; returns the exchange alone, as a fragment (`_fragment`)."""
+        notes: list[str] = []
+        if input_ids is None and captured.text is not None and self.tokenizer is not None:
+            input_ids = self.tokenizer.encode(captured.text)
+            notes.append("input ids are the recorder's tokenization of the text prompt")
+        elif input_ids is None and captured.messages is not None and self.texts_from_ids:
+            input_ids = self._render_chat(captured)
+            if input_ids is not None:
+                notes.append("input ids are the messages rendered with the bench's chat template (the server sent none)")
+        if answer.error is None and not answer.ids_known and self.texts_from_ids and answer.text:
+            assert self.tokenizer is not None  # the bench's own tokenizer: its ids are exactly the text's
+            answer = replace(answer, output_ids=self.tokenizer.encode(answer.text), ids_known=True,
+                             logprobs=None if answer.logprobs is None else list(answer.logprobs))
+            notes.append("the server sent text without token ids: ids are the recorder's tokenization of the text")
         state = self._open.get(placement.trajectory)
         if state is None:
             state = _Open(placement, self._prompt(captured, answer, input_ids))
             self._open[placement.trajectory] = state
-        turn, note = self._turn(placement, captured, answer, endpoint, input_ids)
+        append = self._append(state, placement.turn, input_ids)
+        turn, note = self._turn(placement, captured, answer, endpoint, input_ids, append)
+        notes.extend(filter(None, [note]))
+        note = "; ".join(notes)
         if answer.error is not None:
             state.errors.append({"turn": placement.turn, "attempt": placement.attempt, "status": answer.error.status,
                                  "body": answer.error.body or answer.error.message})
         if note:
             state.notes.append(f"turn {placement.turn} attempt {placement.attempt}: {note}")
+        output = list(turn.response.output_ids)
         if placement.turn < len(state.turns):  # a later attempt replaces the turn; the earlier one is noted
             state.attempts.append(self._attempt_note(placement.turn, state.turns[placement.turn]))
             state.turns[placement.turn] = turn
             del state.turns[placement.turn + 1:]
+            state.inputs[placement.turn:] = [input_ids]
+            state.outputs[placement.turn:] = [output]
         else:
             state.turns.append(turn)
-            appended = self._appended_text(placement, captured)
+            state.inputs.append(input_ids)
+            state.outputs.append(output)
+            appended = self._appended_text(captured, append)
             state.appends_text.append(appended)
             if placement.turn > 0:
                 self._tool_outputs(state, placement.turn - 1, appended, captured)
@@ -120,12 +151,42 @@ class Recording:
             text = ""
         return Prompt(ids, text, captured.messages, captured.tools)
 
+    def _render_chat(self, captured: CapturedInput) -> list[int] | None:
+        """A chat's prompt ids as the bench's mock renders them (its chat template, text parts joined as vLLM does)."""
+        messages = []
+        for message in captured.messages or []:
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            messages.append({**message, "content": content})
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tools=captured.tools,  # type: ignore[union-attr]
+                                                      add_generation_prompt=True)
+        except Exception:  # a message shape the template cannot render: the ids stay unknown
+            return None
+        return self.tokenizer.encode(text)  # type: ignore[union-attr]
+
+    @staticmethod
+    def _append(state: _Open, turn: int, input_ids: list[int] | None) -> list[int] | None:
+        """The ids turn `turn` adds after the previous turn's input and output; None when they do not extend it."""
+        if input_ids is None:
+            return None
+        if turn == 0:
+            return [] if input_ids == list(state.prompt.ids) else None
+        before = state.inputs[turn - 1] if turn - 1 < len(state.inputs) else None
+        if before is None:
+            return None
+        context = before + state.outputs[turn - 1]
+        return input_ids[len(context):] if input_ids[:len(context)] == context else None
+
     def _turn(self, placement: Placement, captured: CapturedInput, answer: CapturedAnswer, endpoint: str,
-              input_ids: list[int] | None) -> tuple[Turn, str | None]:
-        if captured.messages is not None:
-            request = Request(endpoint, captured.sampling_params, messages=captured.messages)
+              input_ids: list[int] | None, append: list[int] | None) -> tuple[Turn, str | None]:
+        if append is not None:
+            request = Request(endpoint, captured.sampling_params, input_ids_append=append)
         elif input_ids is not None:
-            request = Request(endpoint, captured.sampling_params, input_ids_append=key_ids(placement.append))
+            request = Request(endpoint, captured.sampling_params, input_ids=list(input_ids))
+        elif captured.messages is not None:
+            request = Request(endpoint, captured.sampling_params, messages=captured.messages)
         else:
             request = Request(endpoint, captured.sampling_params, text=captured.text)
         logprobs, note = _finite_logprobs(answer)
@@ -136,10 +197,22 @@ class Recording:
         else:
             if not answer.ids_known:
                 note = "; ".join(filter(None, [note, "the server sent text without token ids"]))
-            response = Response(list(answer.output_ids), logprobs, answer.text, answer.finish_reason,
+            response = Response(list(answer.output_ids), logprobs, self._text(answer), answer.finish_reason,
                                 answer.weight_version, len(input_ids) if input_ids is not None else answer.prompt_tokens,
                                 len(answer.output_ids), answer.cached_tokens, latency)
         return Turn(request, response, self._tool_calls(placement.turn, answer)), note
+
+    def _text(self, answer: CapturedAnswer) -> str:
+        """The answer's text: what its ids decode to (a matched stop token trimmed) in the bench's tokenizer, where
+        a chat answer's message content alone would leave out its tool-call markup; else the server's."""
+        ids = answer.output_ids
+        if not (self.texts_from_ids and answer.ids_known and ids):
+            return answer.text
+        matched = (answer.finish_reason or {}).get("matched")
+        if isinstance(matched, int) and ids[-1] == matched:
+            ids = ids[:-1]
+        assert self.tokenizer is not None
+        return self.tokenizer.decode(ids)
 
     @staticmethod
     def _tool_calls(turn: int, answer: CapturedAnswer) -> list[ToolCall]:
@@ -159,12 +232,10 @@ class Recording:
         return [ToolCall(f"call_{turn}_{i}", name, arguments if isinstance(arguments, str) else json.dumps(arguments))
                 for i, (name, arguments) in enumerate(raw)]
 
-    def _appended_text(self, placement: Placement, captured: CapturedInput) -> str | None:
-        if captured.messages is not None or placement.turn == 0:
+    def _appended_text(self, captured: CapturedInput, append: list[int] | None) -> str | None:
+        if captured.messages is not None or append is None or self.tokenizer is None:
             return None
-        if self.tokenizer is None or captured.text is not None:
-            return None
-        return self.tokenizer.decode(key_ids(placement.append))
+        return self.tokenizer.decode(append)
 
     def _tool_outputs(self, state: _Open, turn: int, appended: str | None, captured: CapturedInput) -> None:
         """Fill turn `turn`'s tool outputs from what the next turn's input added."""
@@ -201,7 +272,7 @@ class Recording:
         """The exchange as a trajectory of its own, whose prompt is the turn's whole input: what a recording
         killed before it could join its fragments holds (`journal`)."""
         ids = list(input_ids) if input_ids is not None else list(state.prompt.ids)
-        if turn.request.input_ids_append is not None:
+        if input_ids is not None:
             request = Request(turn.request.endpoint, turn.request.sampling_params, input_ids_append=[])
             text = self.tokenizer.decode(ids) if self.tokenizer is not None and ids else state.prompt.text
             prompt = Prompt(ids, text, state.prompt.messages, state.prompt.tools)
