@@ -364,3 +364,59 @@ def test_a_clean_stop_joins_the_recording(tmp_path: Path) -> None:
     with open_trace(out) as reader:
         assert reader.header.source.kind == "recorded" and reader.header.source.details["exchanges"] == 4
         assert len(list(reader)) == 4
+
+
+def test_an_idle_recording_is_joined_on_a_timer_and_a_gz_file_is_gzip_throughout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.capture import serve_recorder
+
+    monkeypatch.setattr(journal, "COMPACT_EVERY_S", 0.2)
+    monkeypatch.setattr(serve_recorder, "COMPACT_EVERY_S", 0.2)
+    out = tmp_path / "live.jsonl.gz"
+
+    async def scenario(mock: ServerThread) -> tuple[list[Any], list[Any]]:
+        proxy = RecordingProxy(mock.url, out)
+        url = await proxy.start()
+        trajectory = next(t for t in mock.context.store.trajectories if len(t.turns) >= 3)
+        async with aiohttp.ClientSession() as session:
+            for turn in range(3):
+                body = {"input_ids": turn_input(trajectory, turn), "return_logprob": True,
+                        "sampling_params": {"max_new_tokens": 4096}}
+                assert (await _post(session, url, body))[0] == 200
+        assert out.read_bytes()[:2] == b"\x1f\x8b"
+        with open_trace(out) as reader:
+            before = list(reader)  # fragments appended as gzip members: readable as they are
+        await asyncio.sleep(1.0)  # no traffic: the timer joins them
+        with open_trace(out) as reader:
+            after = list(reader)
+        await proxy.stop()
+        return before, after
+
+    with ServerThread("agentic-500") as mock:
+        before, after = asyncio.run(scenario(mock))
+    assert sum(len(t.turns) for t in before) == 3
+    assert len(after) == 1 and len(after[0].turns) == 3 and "/" not in after[0].id
+
+
+def test_credentials_in_the_upstream_url_are_used_never_written_and_a_taken_port_leaves_no_file(
+        tmp_path: Path) -> None:
+    async def scenario(mock: ServerThread) -> tuple[int, str, str]:
+        port = mock.url.rsplit(":", 1)[1]
+        proxy = RecordingProxy(f"http://user:s3cret-pw@127.0.0.1:{port}", tmp_path / "auth.jsonl")
+        url = await proxy.start()
+        async with aiohttp.ClientSession() as session:
+            status, _ = await _post(session, url, {"input_ids": turn_input(mock.context.store.trajectories[0], 0)},
+                                    {"Authorization": "Bearer client-token"})
+        path = await proxy.stop()
+        taken = RecordingProxy(mock.url, tmp_path / "never.jsonl", port=int(port))  # the mock's own port
+        with pytest.raises(Exception, match="cannot listen"):
+            await taken.start()
+        return status, path.read_text(), url
+
+    with ServerThread("rlvr-500") as mock:
+        status, text, _ = asyncio.run(scenario(mock))
+    assert status == 200 and "s3cret-pw" not in text and "user:" not in text
+    assert not (tmp_path / "never.jsonl").exists()
+    result = subprocess.run([*BENCH, "record", "--upstream", "127.0.0.1:30000", "--out", str(tmp_path / "y.jsonl")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "http://" in result.stderr and not (tmp_path / "y.jsonl").exists()

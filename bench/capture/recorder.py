@@ -40,7 +40,7 @@ from .parse import (
 )
 from .recording import Recording
 from .tracker import TrafficTracker, chat_key, chat_message_key, ids_key, text_key
-from .upstream import UNKNOWN_VOCAB, UpstreamInfo, inferred_tokenizer
+from .upstream import UNKNOWN_VOCAB, UpstreamInfo, inferred_tokenizer, split_credentials
 
 HOP_BY_HOP = frozenset(h.lower() for h in ("Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
                                            "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
@@ -80,7 +80,8 @@ class Recorder:
 
     def __init__(self, upstream: str, out: str | Path, info: UpstreamInfo, header: TraceHeader, tokenizer: Any,
                  *, redact_text: bool = False, force: bool = False) -> None:
-        self.upstream = upstream.rstrip("/")
+        # credentials in the URL are sent as the client's Authorization when it sends none, never shown or written
+        self.upstream, self._auth = split_credentials(upstream)
         self.info = info
         self.redact_text = redact_text
         self.tracker = TrafficTracker()
@@ -131,8 +132,11 @@ class Recorder:
         started = time.monotonic()
         assert self._session is not None
         try:
-            upstream = await self._session.request(request.method, self._url(request.path_qs),
-                                                   headers=_forward_headers(request.headers), data=body,
+            headers = _forward_headers(request.headers)
+            if self._auth is not None and "Authorization" not in headers:
+                headers["Authorization"] = self._auth
+            upstream = await self._session.request(request.method, self._url(request.path_qs), headers=headers,
+                                                   data=body,
                                                    allow_redirects=False)  # a redirect is the client's to follow
         except (aiohttp.ClientError, OSError) as error:
             message = f"rollout-bench record: upstream {self.upstream} unreachable ({error.__class__.__name__}: {error})"
@@ -186,6 +190,10 @@ class Recorder:
             self._observe(answer, input_ids)
             self.stats.exchanges += 1
             self.stats.errors += answer.error is not None
+        self.compact_if_due()
+
+    def compact_if_due(self) -> None:
+        """Join the fragments when the journal says it is time (also called on a timer while traffic is idle)."""
         if self.journal.wants_compaction():
             self.journal.compact(self._trajectories())
 
@@ -235,11 +243,26 @@ def _redact_trajectory(trajectory: Trajectory) -> Trajectory:
         elif request.text is not None:
             request = Request(request.endpoint, request.sampling_params, text="")
         response: Response = replace(turn.response, text="")
+        if response.error is not None:  # a server's error message may quote the request
+            response = replace(response, error=replace(response.error, message="(redacted)"))
         calls = [ToolCall(c.id, c.name, "{}") for c in turn.tool_calls]
         outputs = [ToolOutput(o.call_id, "", 0, o.tokens) for o in turn.tool_outputs]
         turns.append(Turn(request, response, calls, outputs))
     messages = None if prompt.messages is None else [{"role": m.get("role"), "content": ""} for m in prompt.messages]
-    return replace(trajectory, prompt=Prompt(prompt.ids, "", messages, None), turns=turns)
+    return replace(trajectory, prompt=Prompt(prompt.ids, "", messages, None), turns=turns,
+                   metadata=_redacted_metadata(trajectory.metadata))
+
+
+def _redacted_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Error bodies and messages go too: a server's error may quote the request."""
+    recording = dict(metadata.get("recording", {}))
+    for key in ("errors", "attempts"):
+        if key in recording:
+            recording[key] = [{k: ("(redacted)" if k in ("body", "error") else v) for k, v in entry.items()}
+                              for entry in recording[key]]
+    if "error_body" in recording:
+        recording["error_body"] = "(redacted)"
+    return dict(metadata) | {"recording": recording}
 
 
 def recording_header(info: UpstreamInfo, tokenizer_record: Any, tokenizer_source: str, upstream: str,

@@ -12,7 +12,8 @@ from aiohttp import web
 from bench import __version__
 
 from .recorder import Recorder, recording_header
-from .upstream import probe, tokenizer_for
+from .journal import COMPACT_EVERY_S
+from .upstream import UpstreamError, probe, split_credentials, tokenizer_for
 
 PROGRESS_EVERY_S = 10.0
 
@@ -29,21 +30,41 @@ class RecordingProxy:
         self.recorder: Recorder | None = None
         self.url = ""
         self._runner: web.AppRunner | None = None
+        self._compactor: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         info = await probe(self.upstream)
         tokenizer, record, source = tokenizer_for(info, self._tokenizer_dir)
-        header = recording_header(info, record, source, self.upstream, self._context_length, __version__)
+        shown, _ = split_credentials(self.upstream)
+        header = recording_header(info, record, source, shown, self._context_length, __version__)
         self.recorder = Recorder(self.upstream, self.out, info, header, tokenizer, **self._options)
         self._runner = web.AppRunner(self.recorder.app(), access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
+        try:
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except OSError as error:
+            await self._runner.cleanup()
+            self._runner = None
+            self.recorder.journal.discard()  # nothing was recorded: leave no file behind
+            raise UpstreamError(f"cannot listen on {self.host}:{self.port} ({error.strerror or error}); "
+                                "pick another --port") from None
+        self._compactor = asyncio.create_task(self._compact_while_idle())
         self.port = self._runner.addresses[0][1]
         self.url = f"http://{self.host}:{self.port}"
         return self.url
 
+    async def _compact_while_idle(self) -> None:
+        """Traffic triggers compaction; this catches fragments left when traffic stops."""
+        assert self.recorder is not None
+        while True:
+            await asyncio.sleep(COMPACT_EVERY_S)
+            self.recorder.compact_if_due()
+
     async def stop(self) -> Path:
         """Stop serving (in-flight exchanges get `shutdown_timeout` to finish), then write the whole trace."""
+        if self._compactor is not None:
+            self._compactor.cancel()
+            self._compactor = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -64,7 +85,7 @@ async def record(upstream: str, out: str | Path, *, host: str = "127.0.0.1", por
     url = await proxy.start()
     recorder = proxy.recorder
     assert recorder is not None
-    print(f"recording {upstream} ({recorder.info.server}, model {recorder.info.model}) on {url} into {out}; "
+    print(f"recording {split_credentials(upstream)[0]} ({recorder.info.server}, model {recorder.info.model}) on {url} into {out}; "
           "Ctrl-C ends the recording", file=sys.stderr, flush=True)
     shown = 0
     while not stop.is_set():

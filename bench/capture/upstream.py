@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from bench.tokenizer import TOKENIZER_NAME, load_tokenizer, tokenizer_path
 from bench.trace import TokenizerInfo
@@ -44,8 +45,24 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any | None:
         return None
 
 
+def split_credentials(upstream: str) -> tuple[str, str | None]:
+    """The URL without its `user:password@` (what may be shown and written), and those credentials as an
+    Authorization header value."""
+    url = URL(upstream)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise UpstreamError(f"upstream {upstream!r} must be an http:// or https:// URL with a host "
+                            "(e.g. http://127.0.0.1:30000)")
+    auth = None
+    if url.user or url.password:
+        encode = getattr(aiohttp, "encode_basic_auth", None)  # aiohttp 3.14+; BasicAuth before it
+        auth = (encode(url.user or "", url.password or "") if encode is not None
+                else aiohttp.BasicAuth(url.user or "", url.password or "").encode())
+    return str(url.with_user(None)).rstrip("/"), auth
+
+
 async def probe(upstream: str, timeout: float = 10.0) -> UpstreamInfo:
     """Ask the upstream what it serves; `UpstreamError` when it does not answer at all."""
+    split_credentials(upstream)  # a URL the client could not use is named as such, not as a dead server
     base = upstream.rstrip("/")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         try:
