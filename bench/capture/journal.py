@@ -25,7 +25,7 @@ from bench.trace.errors import Problem, TraceFormatError
 
 COMPACT_MIN_BYTES = 8 * 2**20
 COMPACT_EVERY_S = 10.0  # a small recording is joined this often, so a killed one is mostly whole trajectories
-SMALL_BYTES = 64 * 2**20  # below this, a rewrite costs little: time alone triggers it
+SMALL_BYTES = 16 * 2**20  # below this, a rewrite costs little (a tenth of a second): time alone triggers it
 
 _encode = msgspec.json.Encoder().encode
 
