@@ -53,7 +53,8 @@ def trace_tables(path: str | Path, *,
                 "latency_s": sum(r["latency_s"] for r in rows),
                 "last_finish": rows[-1]["finish"],
                 "error_status": rows[-1]["error_status"],
-                "outcome": trajectory.metadata.get("outcome"),
+                # a recording knows no outcome: its last turn's ending stands for it
+                "outcome": trajectory.metadata.get("outcome") or f"last turn {rows[-1]['finish'] or 'error'}",
                 "reward": trajectory.reward,
             })
     return header, pd.DataFrame(trajectories), pd.DataFrame(turns)
@@ -83,7 +84,7 @@ def summarize(path: str | Path, header: TraceHeader, trajectories: pd.DataFrame,
         "tool_outputs_over_half_context": int((tool > header.context_length / 2).sum()),
         "turn_latency_s": quantiles(turns["latency_s"]),
         "outcomes": {str(k): int(v) for k, v in trajectories["outcome"].value_counts(dropna=False).items()},
-        "mean_reward": round(float(trajectories["reward"].mean()), 4),
+        "mean_reward": None if trajectories["reward"].isna().all() else round(float(trajectories["reward"].mean()), 4),
     }
 
 
@@ -111,7 +112,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("tool outputs > half the context", summary["tool_outputs_over_half_context"]),
         ("turn latency s (p50 / p99)", f"{summary['turn_latency_s'].get('p50')} / {summary['turn_latency_s'].get('p99')}"),
         ("outcomes", ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items())),
-        ("mean reward", summary["mean_reward"]),
+        ("mean reward", "none recorded" if summary["mean_reward"] is None else summary["mean_reward"]),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
