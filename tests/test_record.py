@@ -364,6 +364,12 @@ def test_a_clean_stop_joins_the_recording(tmp_path: Path) -> None:
     with open_trace(out) as reader:
         assert reader.header.source.kind == "recorded" and reader.header.source.details["exchanges"] == 4
         assert len(list(reader)) == 4
+    inspected = subprocess.run([*BENCH, "inspect", str(out), "--out", str(tmp_path / "inspect")], capture_output=True,
+                               text=True, timeout=120)
+    assert inspected.returncode == 0, inspected.stderr
+    summary = (tmp_path / "inspect" / "summary.json").read_text()
+    outcomes = json.loads(summary)["outcomes"]
+    assert "NaN" not in summary and sum(outcomes.values()) == 4 and all(k.startswith("last turn ") for k in outcomes)
 
 
 def test_an_idle_recording_is_joined_on_a_timer_and_a_gz_file_is_gzip_throughout(
