@@ -21,12 +21,13 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from bench.trace import open_trace
-from benchmarks.common import machine, print_table, write_results
+from benchmarks.common import machine, pin_to, print_table, usable_cores, write_results
 from benchmarks.server_throughput import HOST, trace_requests
 
 TARGET_ADDED_MEDIAN_MS = 1.0  # issue 17: under 1 ms median at 64 concurrent connections
@@ -95,9 +96,15 @@ async def _serve_engine(delay: float) -> None:
     await runner.cleanup()
 
 
-def _start_engine(delay: float) -> tuple[subprocess.Popen, str]:
+def _on_core(core: int | None) -> Any:
+    """A `preexec_fn` pinning a child process to `core` (None: leave it where the scheduler puts it)."""
+    return None if core is None else (lambda: pin_to(core))
+
+
+def _start_engine(delay: float, core: int | None) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen([sys.executable, "-m", "benchmarks.record_latency", "--engine", "--delay", str(delay)],
-                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
+                               preexec_fn=_on_core(core))
     assert process.stdout is not None
     line = process.stdout.readline()
     if not line.strip().isdigit():
@@ -106,10 +113,10 @@ def _start_engine(delay: float) -> tuple[subprocess.Popen, str]:
     return process, f"http://{HOST}:{int(line)}"
 
 
-def _start_recorder(upstream: str, out: Path) -> tuple[subprocess.Popen, str]:
+def _start_recorder(upstream: str, out: Path, core: int | None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     process = subprocess.Popen([sys.executable, "-m", "bench", "record", "--upstream", upstream, "--out", str(out),
-                                "--port", str(port)], stderr=subprocess.PIPE, text=True)
+                                "--port", str(port)], stderr=subprocess.PIPE, text=True, preexec_fn=_on_core(core))
     assert process.stderr is not None
     line = process.stderr.readline()
     if "recording" not in line:
@@ -135,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.25,
                         help="the stand-in engine's seconds per request (default 0.25: 256 requests/s at 64)")
     parser.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="leave the processes unpinned (default: the recorder alone on one core, the client and "
+                             "the stand-in engine on another)")
     parser.add_argument("--quick", action="store_true", help="one short round (the test suite's smoke run)")
     parser.add_argument("--out", default="reports/bench")
     args = parser.parse_args(argv)
@@ -148,9 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     recorder: subprocess.Popen | None = None
     samples: dict[str, list[float]] = {"direct": [], "recorded": []}
     try:
-        engine, direct = _start_engine(args.delay)
+        cores = usable_cores()
+        # the recorder on a core of its own, the client and the engine on another (a rollout's node has cores
+        # to spare); --no-pin: wherever the scheduler puts them
+        recorder_core, client_core = (cores[-1], cores[0]) if args.pin and len(cores) >= 2 else (None, None)
+        pin_to(client_core)
+        engine, direct = _start_engine(args.delay, client_core)
         with tempfile.TemporaryDirectory() as folder:
-            recorder, proxied = _start_recorder(direct, Path(folder) / "recording.jsonl")
+            recorder, proxied = _start_recorder(direct, Path(folder) / "recording.jsonl", recorder_core)
             for _ in range(args.rounds):
                 for arm, url in (("direct", direct), ("recorded", proxied)):
                     samples[arm] += asyncio.run(_round(url, bodies, args.concurrency, args.seconds, args.delay))
@@ -177,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(aim: under {TARGET_ADDED_MEDIAN_MS} ms median) at {args.concurrency} concurrent connections")
     payload = {"machine": machine(), "parameters": {"concurrency": args.concurrency, "rounds": args.rounds,
                                                     "seconds": args.seconds, "delay_s": args.delay,
+                                                    "recorder_core": recorder_core, "client_core": client_core,
                                                     "quick": args.quick},
                "added_median_ms": round(added_median, 3), "added_p90_ms": round(added_p90, 3),
                "recorded_turns": recorded_turns, "rows": rows}
