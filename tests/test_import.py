@@ -232,6 +232,19 @@ def test_a_real_torch_save_with_tensors(tmp_path: Path) -> None:
     assert traj.turns[0].response.logprobs == [-0.5] * len(traj.turns[0].response.output_ids)
 
 
+@needs_miles
+def test_an_expanded_tensor_asking_for_more_than_its_storage_is_refused(tmp_path: Path) -> None:
+    """A few bytes on disk must not become billions of elements in memory: torch.save of an expanded view keeps
+    one element with strides 0."""
+    script = ("import torch; t = torch.zeros(1).expand(3000, 3000); "
+              f"torch.save(dict(rollout_id=0, samples=[dict(tokens=t)]), {str(tmp_path / '0.pt')!r})")
+    subprocess.run([MILES, "-c", script], check=True)
+    assert (tmp_path / "0.pt").stat().st_size < 4096
+    with pytest.raises(Exception, match="expanded view"):
+        import_dump("miles-debug", tmp_path / "0.pt", tmp_path / "t.jsonl")
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 # --- SGLang --dump-requests-folder ---
 
 def _sglang_classes() -> tuple[type, type, dict[str, types.ModuleType]]:

@@ -314,7 +314,9 @@ def test_a_recorder_killed_mid_run_leaves_a_valid_trace_with_every_completed_exc
                             completed += 1
                             if completed == kill_after:
                                 os.kill(recorder.pid, signal.SIGKILL)
-                    await asyncio.gather(*(one(t) for t in store.trajectories[:16]), return_exceptions=True)
+                    ended = await asyncio.gather(*(one(t) for t in store.trajectories[:16]), return_exceptions=True)
+                # only the kill may end a client: a refused connection or a dropped one, never a wrong status
+                assert all(r is None or isinstance(r, (aiohttp.ClientError, OSError)) for r in ended), ended
                 return completed
 
             asyncio.run(traffic())
@@ -426,3 +428,112 @@ def test_credentials_in_the_upstream_url_are_used_never_written_and_a_taken_port
     result = subprocess.run([*BENCH, "record", "--upstream", "127.0.0.1:30000", "--out", str(tmp_path / "y.jsonl")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "http://" in result.stderr and not (tmp_path / "y.jsonl").exists()
+
+
+# -- an upstream that misbehaves ------------------------------------------------------------------
+def _native(ids: list[int], finish: Any) -> dict[str, Any]:
+    meta = {"id": "r", "finish_reason": finish, "prompt_tokens": 2, "completion_tokens": len(ids),
+            "output_token_logprobs": [[-0.25, i, None] for i in ids], "cached_tokens": 0}
+    return {"text": "ab", "output_ids": ids, "meta_info": meta}
+
+
+async def _odd_engine(request: Any) -> Any:
+    """What each test prompt's first id asks for: a body cut short, gzip, no finish reason, a huge id, CRLF SSE,
+    or Basic auth required."""
+    from aiohttp import web
+
+    body = await request.json()
+    kind = body["input_ids"][0]
+    if kind == 1:  # says 200 bytes, sends 20, hangs up
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "200"})
+        await response.prepare(request)
+        await response.write(b'{"text":"cut short..')
+        request.transport.close()
+        return response
+    if kind == 2:
+        return web.Response(body=__import__("gzip").compress(json.dumps(_native([5, 6], {"type": "stop",
+                            "matched": 6})).encode()), headers={"Content-Encoding": "gzip",
+                                                                "Content-Type": "application/json"})
+    if kind == 3:
+        return web.json_response(_native([5, 6], None))
+    if kind == 4:
+        return web.json_response(_native([2**31 + 5], {"type": "length", "length": 1}))
+    if kind == 5:
+        events = [_native([5], None), _native([5, 6], {"type": "stop", "matched": 6})]
+        data = b"".join(b"data: " + json.dumps(e).encode() + b"\r\n\r\n" for e in events) + b"data: [DONE]\r\n\r\n"
+        return web.Response(body=data, content_type="text/event-stream")
+    if kind == 6:
+        if request.headers.get("Authorization") != "Basic dXNlcjpzM2NyZXQ=":  # user:s3cret
+            return web.Response(status=401, text="who are you")
+        return web.json_response(_native([5, 6], {"type": "stop", "matched": 6}))
+    return web.json_response(_native([5, 6], {"type": "stop", "matched": 6}))
+
+
+def test_an_odd_upstream_answer_is_forwarded_and_recorded_or_noted_never_a_500(tmp_path: Path) -> None:
+    from aiohttp import web
+
+    async def scenario() -> dict[str, Any]:
+        app = web.Application()
+        app.router.add_post("/generate", _odd_engine)
+        async def health(request: Any) -> Any:
+            return web.Response()
+
+        app.router.add_get("/health", health)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = runner.addresses[0][1]
+        proxy = RecordingProxy(f"http://user:s3cret@127.0.0.1:{port}", tmp_path / "odd.jsonl")
+        url = await proxy.start()
+        seen: dict[str, Any] = {}
+        async with aiohttp.ClientSession() as session:
+            for name, kind, stream in (("cut", 1, False), ("cut-again", 1, False), ("gzip", 2, False),
+                                       ("no-finish", 3, False), ("huge-id", 4, False), ("crlf", 5, True),
+                                       ("auth", 6, False)):
+                body = {"input_ids": [kind, 2**31 + 7 if kind == 4 else 9], "return_logprob": True, "stream": stream}
+                async with session.post(url + "/generate", json=body) as reply:
+                    seen[name] = (reply.status, await reply.read())
+        seen["path"] = await proxy.stop()
+        seen["stats"] = proxy.recorder.stats
+        await runner.cleanup()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["cut"][0] == 502 and b"broke off" in seen["cut"][1]
+    assert seen["gzip"][0] == 200 and json.loads(seen["gzip"][1])["output_ids"] == [5, 6]  # decompressed by the client
+    assert all(seen[name][0] == 200 for name in ("no-finish", "huge-id", "crlf", "auth"))
+    assert seen["stats"].unrecordable == 1  # the id past any vocabulary: forwarded, noted, not recorded
+    assert [p.message for p in validate_trace(seen["path"])] == []
+    with open_trace(seen["path"]) as reader:
+        assert "not recorded" in reader.header.source.details["notes"][0]
+        recorded = {t.prompt.ids[0]: t for t in reader}
+    cut = recorded[1]
+    assert len(cut.turns) == 1 and cut.turns[0].response.error.status == 502  # the retry is the same turn's attempt
+    assert cut.metadata["recording"]["attempts"][0]["status"] == 502
+    assert recorded[2].turns[0].response.output_ids == [5, 6]  # parsed from a decompressed copy
+    assert recorded[3].turns[0].response.finish_reason["type"] == "abort"
+    assert 4 not in recorded
+    assert recorded[5].turns[0].response.output_ids == [5, 6]  # CRLF-framed events read
+    assert recorded[6].turns[0].response.error is None  # the URL's credentials reached the engine
+
+
+def test_members_whose_next_inputs_coincide_each_get_their_own_turn() -> None:
+    """Greedy decoding: two members answer alike and their next inputs are identical; neither is the other's retry."""
+    tracker = TrafficTracker()
+    first, second = tracker.place(ids_key([1, 2])), tracker.place(ids_key([1, 2]))
+    tracker.settle(first, _out([7]), "stop")
+    tracker.settle(second, _out([7]), "stop")
+    a = tracker.place(ids_key([1, 2, 7, 3]))
+    tracker.settle(a, _out([8]), "stop")
+    b = tracker.place(ids_key([1, 2, 7, 3]))
+    assert (a.turn, b.turn, a.attempt, b.attempt) == (1, 1, 0, 0) and a.trajectory != b.trajectory
+    tracker.settle(b, _out([8]), "stop")
+    again = tracker.place(ids_key([1, 2, 7, 3]))  # sent a third time, after both succeeded: a resubmission
+    assert again.kind == "retry" and again.turn == 1
+
+
+def test_a_null_completions_logprob_stays_null() -> None:
+    captured = parse_request("/v1/completions", json.dumps({"prompt": [1, 2], "logprobs": 1}).encode())
+    body = {"choices": [{"index": 0, "text": "ab", "token_ids": [4, 5], "finish_reason": "length",
+                         "logprobs": {"token_logprobs": [None, -0.2], "tokens": ["a", "b"]}}]}
+    assert parse_answer(captured, 200, json.dumps(body).encode(), 0.1)[0].logprobs == [None, -0.2]

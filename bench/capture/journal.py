@@ -51,10 +51,13 @@ class Journal:
         self._fd = -1
         self._rewrite([], compress=self.compress, level=1)
 
-    def append(self, fragment: Trajectory) -> None:
-        """One finished exchange, on disk before this returns (one `write` of one whole line)."""
+    def check(self, fragment: Trajectory) -> None:
+        """`TraceFormatError` for a fragment the trace could not hold (e.g. an id past the vocabulary)."""
         for field, message in check_trajectory(fragment, self.header):
             raise TraceFormatError(Problem(str(self.path), 0, field, f"fragment {fragment.id}: {message}"))
+
+    def append(self, fragment: Trajectory) -> None:
+        """One finished exchange, on disk before this returns (one `write` of one whole line); `check` it first."""
         line = _encode(fragment) + b"\n"
         os.write(self._fd, gzip.compress(line, compresslevel=1, mtime=0) if self.compress else line)
         self.fragments_written += 1
@@ -68,7 +71,8 @@ class Journal:
         return self._fragment_bytes > max(COMPACT_MIN_BYTES, self._joined_bytes)
 
     def compact(self, trajectories: list[Trajectory], header: TraceHeader | None = None) -> None:
-        """Replace the file by the header and these whole trajectories (every exchange so far, joined)."""
+        """Replace the file by the header and these whole trajectories (every exchange so far, joined). It runs on the
+        caller's thread: the proxy stalls for its length (a tenth of a second below `SMALL_BYTES`)."""
         self.header = header or self.header
         self._rewrite(trajectories, compress=self.compress, level=1)
         self.compactions += 1

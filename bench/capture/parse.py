@@ -261,8 +261,9 @@ def _native_item(item: dict[str, Any]) -> CapturedAnswer:
         ids = [pair[1] for pair in pairs]  # 0.4.10 sends no output_ids; the logprob triples carry them
     known = ids is not None
     logprobs = None if pairs is None else [pair[0] for pair in pairs]
+    finish = meta.get("finish_reason") or {"type": "abort", "message": "the answer carried no finish reason"}
     return CapturedAnswer(output_ids=list(ids or []), logprobs=logprobs, text=item.get("text") or "",
-                          finish_reason=meta.get("finish_reason"), weight_version=meta.get("weight_version"),
+                          finish_reason=finish, weight_version=meta.get("weight_version"),
                           prompt_tokens=meta.get("prompt_tokens") or 0,
                           completion_tokens=meta.get("completion_tokens") or len(ids or []),
                           cached_tokens=meta.get("cached_tokens") or 0, ids_known=known)
@@ -279,14 +280,15 @@ def _openai_finish(reason: Any, stop_reason: Any, ids: list[int], completion: in
     return {"type": "abort", "message": str(reason)}
 
 
-def _openai_logprobs(kind: str, logprobs: Any) -> list[float] | None:
+def _openai_logprobs(logprobs: Any) -> list[float | None] | None:
+    """The sampled tokens' logprobs as sent; a null one stays None (the recording then keeps none, noted)."""
     if not isinstance(logprobs, dict):
         return None
     if "content" in logprobs:
         content = logprobs["content"] or []
         return [entry["logprob"] for entry in content]
     values = logprobs.get("token_logprobs")
-    return None if values is None else [0.0 if v is None else v for v in values]
+    return None if values is None else list(values)
 
 
 def _logprob_token_ids(logprobs: Any) -> list[int] | None:
@@ -324,7 +326,7 @@ def _openai_choice(request: CapturedRequest, choice: dict[str, Any], version: st
     known = _int_list(ids)
     ids = list(ids) if known else (_logprob_token_ids(choice.get("logprobs")) or [])
     known = known or bool(ids)
-    logprobs = _openai_logprobs(request.kind, choice.get("logprobs"))
+    logprobs = _openai_logprobs(choice.get("logprobs"))
     if request.kind == "chat":
         message = choice.get("message") or {}
         text = message.get("content") or ""
@@ -362,7 +364,7 @@ class StreamAssembler:
         self.done = False
 
     def feed(self, chunk: bytes, now: float) -> None:
-        self._buffer += chunk
+        self._buffer = (self._buffer + chunk).replace(b"\r\n", b"\n")  # SSE lines may end in CRLF
         self._last = now
         while b"\n\n" in self._buffer:
             event, self._buffer = self._buffer.split(b"\n\n", 1)
@@ -438,7 +440,7 @@ class StreamAssembler:
                 self._ids_seen[index] = True
             if _int_list(choice.get("prompt_token_ids")):
                 answer.prompt_ids = list(choice["prompt_token_ids"])
-            values = _openai_logprobs(self.request.kind, choice.get("logprobs"))
+            values = _openai_logprobs(choice.get("logprobs"))
             if values is not None and answer.logprobs is not None:
                 answer.logprobs.extend(values)
             delta = choice.get("delta") if self.request.kind == "chat" else None

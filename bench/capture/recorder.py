@@ -23,10 +23,11 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from bench.tokenizer import TOKENIZER_NAME
-from bench.trace import TraceHeader, TraceSource, Trajectory
+from bench.trace import TraceFormatError, TraceHeader, TraceSource, Trajectory
 from bench.trace.schema import Prompt, Request, Response, ToolCall, ToolOutput, Turn
 
 from .journal import Journal
+from .encoding import StreamDecoder, decoded
 from .parse import (
     GENERATION_PATHS,
     CaptureError,
@@ -35,6 +36,7 @@ from .parse import (
     CapturedInput,
     CapturedRequest,
     StreamAssembler,
+    error_answers,
     parse_answer,
     parse_request,
 )
@@ -52,6 +54,7 @@ class RecorderStats:
     exchanges: int = 0
     errors: int = 0
     unreadable: int = 0  # generation requests the recorder could not read (forwarded, not recorded)
+    unrecordable: int = 0  # answers a trace cannot hold (an id past the vocabulary, ...): forwarded, noted
     notes: list[str] = field(default_factory=list)
 
 
@@ -156,24 +159,40 @@ class Recorder:
         if upstream.headers.get("Content-Encoding"):
             headers["Content-Encoding"] = upstream.headers["Content-Encoding"]
         streaming = captured is not None and captured.stream and upstream.status < 400
+        encoding = upstream.headers.get("Content-Encoding", "").strip().lower()
         if not streaming:
-            raw = await upstream.read()
+            try:
+                raw = await upstream.read()
+            except (aiohttp.ClientError, OSError) as error:  # the upstream broke off (e.g. fewer bytes than said)
+                message = f"rollout-bench record: upstream {self.upstream} broke off its answer ({error!r})"
+                if captured is not None:
+                    elapsed = time.monotonic() - started
+                    self._finish(captured, placements, [CapturedAnswer(error=CapturedError(502, message), ttft=elapsed,
+                                                                       total=elapsed) for _ in captured.inputs])
+                return web.Response(status=502, text=message)
             if captured is not None:
-                self._finish(captured, placements, parse_answer(captured, upstream.status, raw,
-                                                                time.monotonic() - started))
+                elapsed = time.monotonic() - started
+                readable, problem = decoded(raw, encoding)
+                answers = (parse_answer(captured, upstream.status, readable, elapsed) if problem is None else
+                           error_answers(captured, 502, problem.encode(), elapsed))
+                self._finish(captured, placements, answers)
             return web.Response(status=upstream.status, body=raw, headers=headers)
         assert captured is not None
         assembler = StreamAssembler(captured, started)
+        decoder = StreamDecoder(encoding)
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         recorded = False
         try:
             async for chunk in upstream.content.iter_any():
-                assembler.feed(chunk, time.monotonic())
+                assembler.feed(decoder.feed(chunk), time.monotonic())
                 if assembler.done and not recorded:  # on disk before the client can see the stream end
                     recorded = True
                     self._finish(captured, placements, assembler.answers())
                 await response.write(chunk)
+            if not recorded:  # a stream that ended without `[DONE]`: on disk before it ends for the client too
+                recorded = True
+                self._finish(captured, placements, assembler.answers())
             await response.write_eof()
         finally:  # a client that went away, or an upstream that broke off: record what came, as it ended
             if not recorded:
@@ -182,10 +201,18 @@ class Recorder:
 
     # -- recording ---------------------------------------------------------------------------
     def _finish(self, captured: CapturedRequest, placements: list[Any], answers: list[CapturedAnswer]) -> None:
+        """Settle and record each exchange; an answer the trace cannot hold is counted and noted, never an error for
+        the client (it has its answer already, or is about to)."""
         for item, placement, answer in zip(captured.inputs, placements, answers):
             self.tracker.settle(placement, _output_key(item, answer), answer.outcome)
             input_ids = item.input_ids if item.input_ids is not None else answer.prompt_ids
-            fragment = self.recording.add(placement, item, answer, captured.endpoint, input_ids)
+            try:
+                fragment = self.recording.add(placement, item, answer, captured.endpoint, input_ids,
+                                              check=self.journal.check)
+            except TraceFormatError as error:
+                self.stats.unrecordable += 1
+                self._note(f"not recorded: {placement.trajectory} turn {placement.turn}: {error}")
+                continue
             self.journal.append(_redact_trajectory(fragment) if self.redact_text else fragment)
             self._observe(answer, input_ids)
             self.stats.exchanges += 1
@@ -220,7 +247,10 @@ class Recorder:
                                                      "largest id seen + 1, eos the stop matched most often"}
             header = replace(header, tokenizer=tokenizer, source=replace(header.source, details=details))
         details = dict(header.source.details) | {"exchanges": self.stats.exchanges, "errors": self.stats.errors,
-                                                 "unreadable_requests": self.stats.unreadable}
+                                                 "unreadable_requests": self.stats.unreadable,
+                                                 "unrecordable_answers": self.stats.unrecordable}
+        if self.stats.notes:
+            details["notes"] = list(self.stats.notes)
         header = replace(header, source=replace(header.source, details=details))
         self.journal.close(self._trajectories(), header)
         return self.journal.path

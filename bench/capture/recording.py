@@ -13,7 +13,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from bench.trace import Latency, Prompt, Request, Response, ResponseError, ToolCall, ToolOutput, Trajectory, Turn
 
@@ -76,8 +76,9 @@ class Recording:
         self._open: dict[str, _Open] = {}
 
     def add(self, placement: Placement, captured: CapturedInput, answer: CapturedAnswer, endpoint: str,
-            input_ids: list[int] | None) -> Trajectory:
-        """Record one finished exchange; returns the exchange alone, as a fragment (`_fragment`)."""
+            input_ids: list[int] | None, check: Callable[[Trajectory], None] | None = None) -> Trajectory:
+        """Record one finished exchange; returns the exchange alone, as a fragment (`_fragment`). `check` sees the
+        fragment first: when it raises, nothing of the exchange is kept (the recording stays a valid trace)."""
         notes: list[str] = []
         if input_ids is None and captured.text is not None and self.tokenizer is not None:
             input_ids = self.tokenizer.encode(captured.text)
@@ -92,11 +93,18 @@ class Recording:
                              logprobs=None if answer.logprobs is None else list(answer.logprobs))
             notes.append("the server sent text without token ids: ids are the recorder's tokenization of the text")
         state = self._open.get(placement.trajectory)
+        fresh = state is None
         if state is None:
             state = _Open(placement, self._prompt(captured, answer, input_ids))
-            self._open[placement.trajectory] = state
         append = self._append(state, placement.turn, input_ids)
         turn, note = self._turn(placement, captured, answer, endpoint, input_ids, append)
+        fragment = self._fragment(state, placement, turn, input_ids)
+        if answer.error is not None:
+            fragment.metadata["recording"]["error_body"] = answer.error.body or answer.error.message
+        if check is not None:
+            check(fragment)
+        if fresh:
+            self._open[placement.trajectory] = state
         notes.extend(filter(None, [note]))
         note = "; ".join(notes)
         if answer.error is not None:
@@ -119,9 +127,6 @@ class Recording:
             state.appends_text.append(appended)
             if placement.turn > 0:
                 self._tool_outputs(state, placement.turn - 1, appended, captured)
-        fragment = self._fragment(state, placement, turn, input_ids)
-        if answer.error is not None:
-            fragment.metadata["recording"]["error_body"] = state.errors[-1]["body"]
         return fragment
 
     def trajectory(self, ident: str) -> Trajectory:

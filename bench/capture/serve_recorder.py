@@ -58,7 +58,11 @@ class RecordingProxy:
         assert self.recorder is not None
         while True:
             await asyncio.sleep(COMPACT_EVERY_S)
-            self.recorder.compact_if_due()
+            try:
+                self.recorder.compact_if_due()
+            except OSError as error:  # e.g. a full disk: the fragments stay (valid), the next try may succeed
+                print(f"rollout-bench record: joining the recording failed ({error}); its fragments stay valid",
+                      file=sys.stderr, flush=True)
 
     async def stop(self) -> Path:
         """Stop serving (in-flight exchanges get `shutdown_timeout` to finish), then write the whole trace."""

@@ -4,7 +4,8 @@ The rules (the same for the recorder and the fault proxy):
 - a request whose input extends a trajectory's last input plus its output is that trajectory's next turn
   (the longest such context wins: members of a group share the prompt, not their outputs);
 - a request that repeats a trajectory's last input after that attempt failed (an HTTP error, an abort) is the
-  same turn's next attempt; a repeat of a later turn's input is always an attempt;
+  same turn's next attempt; a repeat after a success is too, unless another member's context is extended by it
+  (under greedy decoding, members' next inputs can be identical: each is its own member's next turn);
 - a request that repeats a group's prompt while the other members are in flight or done is a new member:
   identical turn-0 inputs form a group (GRPO's n samples of one prompt);
 - anything else starts a new group.
@@ -23,12 +24,12 @@ from typing import Any, Iterable
 
 import msgspec
 
-BUCKET_BYTES = 64  # prompts are bucketed by their first 64 bytes (16 token ids)
+BUCKET_BYTES = 128  # prompts are bucketed by their first 128 bytes (16 token ids)
 FAILED = ("error", "abort")
 
 
 def ids_key(ids: Iterable[int]) -> bytes:
-    return b"I" + array("i", ids).tobytes()
+    return b"I" + array("q", ids).tobytes()  # 64-bit: any id a client may send
 
 
 def text_key(text: str) -> bytes:
@@ -52,7 +53,7 @@ def chat_key(messages: list[dict[str, Any]]) -> bytes:
 def key_ids(key: bytes) -> list[int]:
     """The token ids of an `ids_key` (or of a tail cut from one at a token boundary, without the tag)."""
     body = key[1:] if key[:1] == b"I" else key
-    return array("i", body).tolist()
+    return array("q", body).tolist()
 
 
 @dataclass(frozen=True)
@@ -127,16 +128,21 @@ class TrafficTracker:
                 return self._retry(retry)
             return self._new_member(group)
         best: _Trajectory | None = None
+        resent: _Trajectory | None = None  # a later turn sent again after it succeeded
         for candidate in self._candidates(key):
             for member in candidate.members:
                 if member.outcome is None:
                     continue  # in flight: its next turn cannot have been sent yet
-                if member.inputs[-1] == key and (len(member.inputs) > 1 or member.outcome in FAILED):
+                if member.inputs[-1] == key and member.outcome in FAILED:
                     return self._retry(member)
-                if key.startswith(member.context) and (best is None or len(member.context) > len(best.context)):
+                if member.inputs[-1] == key and len(member.inputs) > 1:
+                    resent = resent or member
+                elif key.startswith(member.context) and (best is None or len(member.context) > len(best.context)):
                     best = member
         if best is not None:
             return self._next_turn(best, key)
+        if resent is not None:
+            return self._retry(resent)
         return self._new_member(self._new_group(key))
 
     def settle(self, placement: Placement, output: bytes, outcome: str) -> None:

@@ -18,6 +18,7 @@ archive: `<dir>/data.pkl` plus one raw storage file per tensor under `<dir>/data
 from __future__ import annotations
 
 import collections
+import math
 import pickle
 import struct
 import sys
@@ -120,6 +121,9 @@ def _rebuild_tensor(storage: _Storage, offset: int, size: tuple[int, ...], strid
         raise pickle.UnpicklingError(f"tensor in {storage.where}: bad offset, size or stride")
     if all(size) and offset + sum((n - 1) * step for n, step in zip(size, stride)) >= len(flat):
         raise pickle.UnpicklingError(f"tensor in {storage.where} reads past its storage")
+    if math.prod(size) > max(len(flat), 1):  # stride 0 (an expanded view): a few bytes could ask for billions
+        raise pickle.UnpicklingError(f"tensor in {storage.where} has {math.prod(size)} elements over a storage of "
+                                     f"{len(flat)}: an expanded view, not what a rollout dump holds")
 
     def build(dim: int, start: int) -> Any:
         if dim == len(size):
@@ -184,6 +188,9 @@ def load_pickle(path: Path) -> Any:
         return SafeUnpickler(handle, where=str(path)).load()
 
 
+MAX_INFLATION = 100  # torch.save stores members uncompressed: their sizes sum to about the file's
+
+
 def load_torch_save(path: Path) -> Any:
     """A `torch.save` zip archive, read safely and without torch (tensors become nested lists)."""
     if not zipfile.is_zipfile(path):
@@ -191,6 +198,10 @@ def load_torch_save(path: Path) -> Any:
                                      "torch file at all); re-save it with a current torch.save")
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
+        inflated = sum(info.file_size for info in archive.infolist())
+        if inflated > MAX_INFLATION * max(path.stat().st_size, 2**20):  # a zip bomb: tiny file, huge members
+            raise pickle.UnpicklingError(f"the archive's members hold {inflated} bytes, over {MAX_INFLATION}x the "
+                                         "file's size: not a torch.save file")
         pickles = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
         if len(pickles) != 1:
             raise pickle.UnpicklingError(f"expected one <dir>/data.pkl in the archive, found {len(pickles)}")
