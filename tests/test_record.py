@@ -329,6 +329,12 @@ def test_a_recorder_killed_mid_run_leaves_a_valid_trace_with_every_completed_exc
         exchanges = sum(len(t.turns) for t in reader)
     assert exchanges >= kill_after, (seed, exchanges, kill_after)
     assert not list(tmp_path.glob(".*.partial"))
+    # what it holds replays: each fragment stands alone (its prompt the turn's whole input)
+    from bench.orchestration.runner import RunConfig, run_blocking
+
+    result = run_blocking(RunConfig(trace=str(out), target="ref-gather:fixed", plan=None, isolation="inline"))
+    served = [r for r in result.requests if r.endpoint == "/generate"]
+    assert served and all(r.trajectory is not None and r.drift is None for r in served), seed
 
 
 def test_record_refuses_an_unreachable_upstream_and_an_existing_file_by_name(tmp_path: Path) -> None:

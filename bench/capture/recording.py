@@ -287,5 +287,8 @@ class Recording:
         fragment = Turn(request, turn.response, turn.tool_calls)
         metadata = {"recording": {"fragment_of": placement.trajectory, "turn": placement.turn,
                                   "attempt": placement.attempt}}
-        return Trajectory(f"{placement.trajectory}/t{placement.turn}a{placement.attempt}", placement.group, prompt,
+        # a later turn's fragment has a prompt of its own (the whole context): a group of its own, as members of a
+        # group share their prompt; turn 0's fragments keep the group their members share
+        group = placement.group if placement.turn == 0 else f"{placement.trajectory}/t{placement.turn}"
+        return Trajectory(f"{placement.trajectory}/t{placement.turn}a{placement.attempt}", group, prompt,
                           [fragment], None, metadata)
