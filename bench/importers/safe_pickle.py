@@ -188,14 +188,29 @@ def load_pickle(path: Path) -> Any:
         return SafeUnpickler(handle, where=str(path)).load()
 
 
+def looks_like(path: Path) -> str:
+    """What a file that is not the expected kind seems to be, from its first bytes (for error messages)."""
+    with open(path, "rb") as handle:
+        head = handle.read(16)
+    if not head:
+        return "the file is empty"
+    if head[:2] == b"\x1f\x8b":
+        return "it is gzip-compressed"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "it looks like JSON text"
+    if head[:1] == b"\x80":
+        return "it is a plain pickle"
+    return f"it starts with bytes {head[:8].hex(' ')}"
+
+
 MAX_INFLATION = 100  # torch.save stores members uncompressed: their sizes sum to about the file's
 
 
 def load_torch_save(path: Path) -> Any:
     """A `torch.save` zip archive, read safely and without torch (tensors become nested lists)."""
     if not zipfile.is_zipfile(path):
-        raise pickle.UnpicklingError("not a torch.save zip archive (the legacy non-zip torch format, or not a "
-                                     "torch file at all); re-save it with a current torch.save")
+        raise pickle.UnpicklingError(f"not a torch.save zip archive ({looks_like(path)}): the legacy non-zip torch "
+                                     "format is re-saved with a current torch.save; anything else is not a dump")
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
         inflated = sum(info.file_size for info in archive.infolist())

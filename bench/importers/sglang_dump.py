@@ -23,7 +23,7 @@ from typing import Any
 from .common import (
     DraftTrajectory, DraftTurn, DumpError, ImportOptions, ImportSummary, check_ids, check_logprobs, finish, json_safe,
 )
-from .safe_pickle import Opaque, UnsafePickleError, load_pickle
+from .safe_pickle import Opaque, UnsafePickleError, load_pickle, looks_like
 
 KIND = "sglang-dump"
 FINISH_TYPES = ("stop", "length", "abort")
@@ -53,7 +53,8 @@ def load_requests(path: Path) -> tuple[list[Any], dict[str, Any] | None]:
     except UnsafePickleError as error:
         raise DumpError(f"{path}: {error}") from error
     except Exception as error:  # a corrupt pickle raises whatever its broken opcodes lead to
-        raise DumpError(f"{path}: cannot read it as a pickle: {type(error).__name__}: {error}") from error
+        raise DumpError(f"{path}: cannot read it as a pickle ({looks_like(path)}): {type(error).__name__}: "
+                        f"{error}") from error
     server_args = None
     if isinstance(data, dict) and "requests" in data:
         server_args = _fields(data.get("server_args"))
