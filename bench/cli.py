@@ -17,7 +17,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
     print(f"synth: kind={args.kind} n={args.n} seed={args.seed}", file=sys.stderr)
     path = synthesize(args.kind, args.n, args.seed, args.out, group_size=args.group_size,
-                      context_length=args.context_length, created=args.created, show_progress=True)
+                      context_length=args.context_length, created=args.created, show_progress=True,
+                      turns=args.turns, tool_output_tokens=args.tool_output_tokens)
     print(f"wrote {args.n} {args.kind} trajectories to {path} (seed {args.seed})")
     return 0
 
@@ -403,6 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--group-size", type=int, default=None, help="trajectories per prompt (default per kind)")
     synth.add_argument("--context-length", type=int, default=None, help="context budget in tokens (default per kind)")
     synth.add_argument("--created", default=DEFAULT_CREATED, help="creation time written to the header")
+    synth.add_argument("--turns", type=int, default=None,
+                       help="agentic: every trajectory plans this many turns (default long-tailed, 5-50)")
+    synth.add_argument("--tool-output-tokens", type=int, default=None,
+                       help="agentic: median tool output in tokens (default 60; long-tailed around it)")
     synth.set_defaults(run=_cmd_synth)
 
     validate = sub.add_parser("validate", help="check whole traces; prints FILE:LINE: field: message")

@@ -55,8 +55,11 @@ def synthesize(
     context_length: int | None = None,
     created: str = DEFAULT_CREATED,
     show_progress: bool = False,
+    turns: int | None = None,
+    tool_output_tokens: int | None = None,
 ) -> Path:
-    """Write a synthetic trace of `n` trajectories to `out`; returns its path."""
+    """Write a synthetic trace of `n` trajectories to `out`; returns its path. `turns` and `tool_output_tokens`
+    (agentic only) shape a trace to a size: every trajectory plans `turns` turns; tool outputs have that median."""
     if kind not in KINDS:
         raise SynthError(f"unknown trace kind {kind!r}; valid kinds: {', '.join(sorted(KINDS))}")
     spec = KINDS[kind]
@@ -68,9 +71,17 @@ def synthesize(
         raise SynthError(f"--n {n} must be a positive multiple of the group size {group_size}")
     if context_length < 256:
         raise SynthError(f"--context-length must be at least 256 tokens, got {context_length}")
+    shape = {name: value for name, value in (("turns", turns), ("tool_output_tokens", tool_output_tokens))
+             if value is not None}
+    if shape and kind != "agentic":
+        raise SynthError(f"--{next(iter(shape)).replace('_', '-')} applies to agentic traces only, not {kind}")
+    for name, value in shape.items():
+        if value <= 0:
+            raise SynthError(f"--{name.replace('_', '-')} must be positive, got {value}")
     tokenizer = load_tokenizer()
-    header = _header(kind, n, seed, group_size, context_length, created, tokenizer)
-    options = {"context_length": context_length} if kind in ("agentic", "retool") else {}
+    header = _header(kind, n, seed, group_size, context_length, created, tokenizer, shape)
+    options: dict[str, object] = {"context_length": context_length} if kind in ("agentic", "retool") else {}
+    options.update(shape)
     trajectories = spec.generate(tokenizer, Faker("en_US"), seed=seed, groups=n // group_size,
                                  group_size=group_size, **options)
     with TraceWriter(out, header) as writer:
@@ -80,14 +91,14 @@ def synthesize(
 
 
 def _header(kind: str, n: int, seed: int, group_size: int, context_length: int, created: str,
-            tokenizer: ByteBPETokenizer) -> TraceHeader:
+            tokenizer: ByteBPETokenizer, shape: dict[str, int]) -> TraceHeader:
     return TraceHeader(
         schema_version=SCHEMA_VERSION,
         source=TraceSource(
             kind="synthetic",
             generator=f"rollout-bench synth {__version__}",
             details={"kind": kind, "n": n, "seed": seed, "group_size": group_size,
-                     "faker": importlib.metadata.version("faker")},
+                     "faker": importlib.metadata.version("faker"), **shape},
         ),
         model=SYNTH_MODEL,
         tokenizer=TokenizerInfo(name=TOKENIZER_NAME, vocab_size=tokenizer.vocab_size,

@@ -24,6 +24,7 @@ from .common import GroupRandom, completion, sampling_params, sentences_of_about
 DEFAULT_CONTEXT_LENGTH = 8192
 MAX_TURN_TOKENS = 2048
 HUGE_OUTPUT_SHARE = 0.005
+DEFAULT_TOOL_OUTPUT_TOKENS = 60
 SYSTEM = "You are a software engineering agent. Find and fix the bug the user reports, then stop."
 
 TOOLS = [
@@ -85,10 +86,10 @@ def _tool_output_text(group: GroupRandom, tokenizer: ByteBPETokenizer, tokens: i
     return "\n".join(lines)
 
 
-def _tool_output_tokens(group: GroupRandom, context_length: int) -> int:
+def _tool_output_tokens(group: GroupRandom, context_length: int, median: int = 60) -> int:
     if group.rng.random() < HUGE_OUTPUT_SHARE:
         return round(context_length * group.rng.uniform(0.6, 1.3))
-    return group.lognormal_int(60, 1.1, 5, context_length // 4)
+    return group.lognormal_int(median, 1.1, 5, context_length // 4)
 
 
 def _context_error(prompt_tokens: int, context_length: int, weight_version: str) -> Response:
@@ -108,7 +109,12 @@ def agentic_trajectories(
     group_size: int,
     context_length: int = DEFAULT_CONTEXT_LENGTH,
     groups_per_version: int = 16,
+    turns: int | None = None,
+    tool_output_tokens: int = DEFAULT_TOOL_OUTPUT_TOKENS,
 ) -> Iterator[Trajectory]:
+    """`turns` fixes every trajectory's planned turns (default: long-tailed, 5-50); `tool_output_tokens` is the
+    median tool output (long-tailed around it). Both exist to make traces of a given shape and size (the trace
+    loading benchmark's 500x20 turns); the defaults draw exactly what they always drew."""
     eos = tokenizer.eos_token_id
     for group_index in range(groups):
         group = GroupRandom.for_group(fake, seed, "agentic", group_index)
@@ -119,7 +125,7 @@ def agentic_trajectories(
         version = str(group_index // groups_per_version)
         for member in range(group_size):
             yield _trajectory(tokenizer, group, prompt, f"{group_id}-{member}", group_id, version,
-                              member, context_length, eos)
+                              member, context_length, eos, turns, tool_output_tokens)
 
 
 def _trajectory(
@@ -132,8 +138,11 @@ def _trajectory(
     member: int,
     context_length: int,
     eos: int,
+    fixed_turns: int | None = None,
+    tool_output_tokens: int = DEFAULT_TOOL_OUTPUT_TOKENS,
 ) -> Trajectory:
-    planned = group.lognormal_int(10, 0.6, 5, 50)
+    drawn = group.lognormal_int(10, 0.6, 5, 50)  # drawn either way: a fixed count leaves the other draws alone
+    planned = drawn if fixed_turns is None else fixed_turns
     context = len(prompt.ids)
     cached = 0 if member == 0 else context - 1
     append: list[int] = []
@@ -166,7 +175,8 @@ def _trajectory(
             break
         outputs = []
         for call in calls:
-            out_text = _tool_output_text(group, tokenizer, _tool_output_tokens(group, context_length))
+            out_text = _tool_output_text(group, tokenizer, _tool_output_tokens(group, context_length,
+                                                                                    tool_output_tokens))
             outputs.append(ToolOutput(call_id=call.id, text=out_text, bytes=len(out_text.encode("utf-8")),
                                       tokens=len(tokenizer.encode(out_text))))
         turns.append(Turn(request=request, response=response, tool_calls=calls, tool_outputs=outputs))
