@@ -76,18 +76,31 @@ def _recorded(trajectory: Trajectory, index: int, member: int) -> RecordedTrajec
     sequences: list[list[int]] = []
     turns: list[RecordedTurn] = []
     current: list[int] | None = None
-    for step, ids in zip(trajectory.turns, trajectory.iter_request_input_ids()):
-        if ids is None:
-            ids = []  # sent as text or messages: matched through their tokenization instead
-        if current is None or len(ids) < len(current) or ids[: len(current)] != current:
-            current = list(ids)
-            sequences.append(current)
+    # Whether the request context is known as ids (`Trajectory.iter_request_input_ids` yields ids, not None). While
+    # it is, it equals `current` from turn 1 on, so an `input_ids_append` turn only extends `current`: no per-turn
+    # copy or prefix comparison of the whole context (quadratic in turns on a long trajectory).
+    known = True
+    for step in trajectory.turns:
+        request, response = step.request, step.response
+        if request.input_ids_append is not None and request.input_ids is None and known and current is not None:
+            current.extend(request.input_ids_append)
+            input_len = len(current)
         else:
-            current.extend(ids[len(current):])
-        response = step.response
+            if request.input_ids is not None:
+                ids, known = request.input_ids, True
+            elif request.input_ids_append is not None and known:
+                ids = trajectory.prompt.ids + request.input_ids_append  # turn 0
+            else:
+                ids, known = [], False  # sent as text or messages: matched through their tokenization instead
+            if current is None or len(ids) < len(current) or ids[: len(current)] != current:
+                current = list(ids)
+                sequences.append(current)
+            else:
+                current.extend(ids[len(current):])
+            input_len = len(ids)
         turns.append(RecordedTurn(
             sequence=len(sequences) - 1,
-            input_len=len(ids),
+            input_len=input_len,
             output_ids=tuple(response.output_ids),
             logprobs=None if response.logprobs is None else tuple(response.logprobs),
             text=response.text,

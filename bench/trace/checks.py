@@ -134,11 +134,11 @@ def _check_response(field: str, response: Response, header: TraceHeader) -> Iter
 
 def _check_prompt_tokens(trajectory: Trajectory) -> Iterator[Issue]:
     """`prompt_tokens` must count the request's input ids, where the input was ids."""
-    for index, (turn, ids) in enumerate(zip(trajectory.turns, trajectory.iter_request_input_ids())):
-        if turn.response.error is None and ids is not None and turn.response.prompt_tokens != len(ids):
+    for index, (turn, length) in enumerate(zip(trajectory.turns, trajectory.iter_request_input_lengths())):
+        if turn.response.error is None and length is not None and turn.response.prompt_tokens != length:
             yield (
                 f"turns[{index}].response.prompt_tokens",
-                f"is {turn.response.prompt_tokens} but the request has {len(ids)} input ids",
+                f"is {turn.response.prompt_tokens} but the request has {length} input ids",
             )
 
 

@@ -166,6 +166,23 @@ class Trajectory(_Record, tag="trajectory", tag_field="type"):
                 context.extend(step.response.output_ids)
 
 
+    def iter_request_input_lengths(self) -> Iterator[int | None]:
+        """`len()` of each of `iter_request_input_ids()`'s items (None where it yields None), without building the
+        lists: checking a long multi-turn trajectory must not copy its context once per turn."""
+        length: int | None = len(self.prompt.ids)
+        for step in self.turns:
+            request = step.request
+            if request.input_ids is not None:
+                length = len(request.input_ids)
+            elif request.input_ids_append is not None and length is not None:
+                length += len(request.input_ids_append)
+            else:
+                length = None
+            yield length
+            if length is not None:
+                length += len(step.response.output_ids)
+
+
 class _HeaderProbe(msgspec.Struct):
     """Just enough of a header to refuse a newer schema before strict decoding."""
 
