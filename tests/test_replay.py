@@ -7,6 +7,7 @@ import random
 from array import array
 
 import aiohttp
+import pytest
 
 from bench.replay.store import RecordedTrajectory
 from bench.server import BenchServer
@@ -144,3 +145,55 @@ def test_an_unnamed_resume_of_an_answer_siblings_start_alike_goes_to_the_member_
     assert resumed.drift is None and resumed.by_order
     named = identifier.identify(pack(prompt + list(first.turns[0].output_ids[:1])), hint=first.id)
     assert (named.trajectory, named.resume, named.by_order) == (first.id, 1, False)
+
+
+def _mutated(record: dict, path: str, value: object) -> None:
+    *parents, last = [int(p) if p.lstrip("-").isdigit() else p for p in path.split(".")]
+    for key in parents:
+        record = record[key]
+    if value is _DELETE:
+        del record[last]
+    else:
+        record[last] = value
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize("edits", [
+    [("prompt.ids.5", 10**6)],
+    [("turns.1.response.output_ids.0", -1)],
+    [("turns.2.request.input_ids_append.0", 2**40)],  # beyond int32: no overflow, the same message
+    [("turns.-1.response.output_ids.-1", 1765)],  # the vocabulary's size: just outside
+    [("turns.1.response.logprobs.0", 0.5), ("turns.1.request.input_ids_append.0", 1765)],  # the id is named first
+    [("turns.1.request.input_ids_append", _DELETE), ("turns.1.request.text", "sent as text"),
+     ("turns.2.request.input_ids_append.0", 10**6)],  # appended to a context not known as ids
+], ids=["prompt", "negative output", "huge append", "vocab size", "two problems", "after a text turn"])
+def test_the_store_rejects_an_id_outside_the_vocabulary_as_the_reader_does(tmp_path, edits) -> None:  # type: ignore[no-untyped-def]
+    """The store checks token ids in bulk on the packed sequences, not list by list as the reader does: the
+    error must be the same one, at the same line, whatever list holds the id."""
+    import gzip
+    import json
+
+    from bench.replay.store import TraceStore
+    from bench.trace import TraceFormatError, open_trace
+    from bench.trace.shipped import shipped_trace
+
+    lines = gzip.open(shipped_trace("agentic-500"), "rb").read().splitlines(keepends=True)[:6]
+    original = lines[3]
+    record = json.loads(original)
+    assert len(record["turns"]) >= 3 and "input_ids_append" in record["turns"][1]["request"]
+    for path, value in edits:
+        _mutated(record, path, value)
+    lines[3] = json.dumps(record).encode() + b"\n"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_bytes(b"".join(lines))
+    with pytest.raises(TraceFormatError) as by_reader:
+        with open_trace(broken) as reader:
+            list(reader)
+    assert by_reader.value.problem.line == 4 and "outside the vocabulary" in by_reader.value.problem.message
+    with pytest.raises(TraceFormatError) as by_store:
+        TraceStore.load(broken)
+    assert by_store.value.problem == by_reader.value.problem
+    broken.write_bytes(b"".join(lines[:3] + [original] + lines[4:]))  # the same trace, well formed, loads
+    assert len(TraceStore.load(broken).trajectories) == 5

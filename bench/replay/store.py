@@ -8,11 +8,12 @@ request is then a length check and one `memcmp`, and memory stays linear in the 
 
 from __future__ import annotations
 
+import warnings
 from array import array
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bench.trace import TraceFormatError, TraceHeader, TraceReader, Trajectory, open_trace
 
@@ -72,7 +73,31 @@ class Group:
     members: list[RecordedTrajectory] = field(default_factory=list)
 
 
-def _recorded(trajectory: Trajectory, index: int, member: int) -> RecordedTrajectory:
+def _in_vocab(ids: list[int], vocab_size: int) -> bool:
+    return not ids or (min(ids) >= 0 and max(ids) < vocab_size)
+
+
+def _pack_in_vocab(sequence: list[int], vocab_size: int) -> bytes | None:
+    """`pack(sequence)`, or None when an id is outside the vocabulary: one C pass converts, min and max are then
+    nearly free (checking each id list with min() and max() cost as much as decoding the trace)."""
+    import numpy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # numpy < 2 wraps out-of-bounds ints with this warning
+        try:
+            packed = numpy.array(sequence, dtype=numpy.int32)
+        except (OverflowError, DeprecationWarning):
+            return None
+    if packed.size and (packed.min() < 0 or packed.max() >= vocab_size):
+        return None
+    return packed.tobytes()
+
+
+def _recorded(trajectory: Trajectory, index: int, member: int, vocab_size: int) -> RecordedTrajectory | None:
+    """The trajectory as served, or None when a token id is outside the vocabulary (checked here, in bulk, on every
+    id the trace holds: the prompt, each sequence, and appends to a context not known as ids)."""
+    if not _in_vocab(trajectory.prompt.ids, vocab_size):
+        return None
     sequences: list[list[int]] = []
     turns: list[RecordedTurn] = []
     current: list[int] | None = None
@@ -92,6 +117,8 @@ def _recorded(trajectory: Trajectory, index: int, member: int) -> RecordedTrajec
                 ids = trajectory.prompt.ids + request.input_ids_append  # turn 0
             else:
                 ids, known = [], False  # sent as text or messages: matched through their tokenization instead
+                if request.input_ids_append is not None and not _in_vocab(request.input_ids_append, vocab_size):
+                    return None  # appended to an unknown context: in no sequence
             if current is None or len(ids) < len(current) or ids[: len(current)] != current:
                 current = list(ids)
                 sequences.append(current)
@@ -113,12 +140,15 @@ def _recorded(trajectory: Trajectory, index: int, member: int) -> RecordedTrajec
             error_message=response.error.message if response.error else None,
         ))
         current.extend(response.output_ids)
+    packed = [_pack_in_vocab(s, vocab_size) for s in sequences]
+    if any(p is None for p in packed):
+        return None
     return RecordedTrajectory(
         id=trajectory.id, group_id=trajectory.group_id, index=index, member=member,
         prompt_len=len(trajectory.prompt.ids), prompt_messages=trajectory.prompt.messages,
         prompt_tools=trajectory.prompt.tools, prompt_text=trajectory.prompt.text,
         first_sampling_params=trajectory.turns[0].request.sampling_params if trajectory.turns else {},
-        sequences=[pack(s) for s in sequences], turns=turns, recorded_outcome=_outcome(trajectory),
+        sequences=packed, turns=turns,  # type: ignore[arg-type]  # None ruled out above recorded_outcome=_outcome(trajectory),
         prompt_raw=trajectory.prompt.raw,
     )
 
@@ -146,11 +176,15 @@ class TraceStore:
         groups: dict[str, Group] = {}
         with open_trace(path) as reader:
             header = reader.header
-            chosen = enumerate(reader) if groups_of is None else _groups_of(reader, set(groups_of))
-            for index, trajectory in chosen:
-                group = groups.setdefault(trajectory.group_id,
-                                          Group(trajectory.group_id, pack(trajectory.prompt.ids)))
-                recorded = _recorded(trajectory, index, len(group.members))
+            vocab_size = header.tokenizer.vocab_size
+            chosen = _checked(reader) if groups_of is None else _groups_of(reader, set(groups_of))
+            for index, number, trajectory in chosen:
+                group = groups.get(trajectory.group_id)
+                recorded = _recorded(trajectory, index, 0 if group is None else len(group.members), vocab_size)
+                if recorded is None:  # an id outside the vocabulary: the full checks name the first problem
+                    _raise_first_problem(reader, number, trajectory)
+                if group is None:
+                    group = groups[trajectory.group_id] = Group(trajectory.group_id, pack(trajectory.prompt.ids))
                 group.members.append(recorded)
                 trajectories.append(recorded)
         missing = sorted(set(groups_of or ()) - {t.id for t in trajectories})
@@ -159,8 +193,25 @@ class TraceStore:
         return cls(Path(path), header, trajectories, {t.id: t for t in trajectories}, groups)
 
 
-def _groups_of(reader: TraceReader, wanted: set[str]) -> Iterator[tuple[int, Trajectory]]:
-    """(position in the trace, trajectory) for every member of a group holding a wanted id, checked as a full
+def _checked(reader: TraceReader) -> Iterator[tuple[int, int, Trajectory]]:
+    """(position in the trace, line number, trajectory) of every line, checked as iterating the reader checks them
+    (the first problem raises) except for the ids' vocabulary ranges, which `_recorded` checks in bulk."""
+    for index, (number, line) in enumerate(reader.lines()):
+        trajectory = reader.decode(number, line)
+        if reader.problems(number, trajectory, id_ranges=False):
+            _raise_first_problem(reader, number, trajectory)
+        yield index, number, trajectory
+
+
+def _raise_first_problem(reader: TraceReader, number: int, trajectory: Trajectory) -> NoReturn:
+    """What iterating the reader raises for this line: its first problem, in the full checks' order."""
+    for problem in reader.problems(number, trajectory):
+        raise TraceFormatError(problem)
+    raise AssertionError(f"line {number} has a problem the full checks do not find")
+
+
+def _groups_of(reader: TraceReader, wanted: set[str]) -> Iterator[tuple[int, int, Trajectory]]:
+    """(position in the trace, line number, trajectory) for every member of a group holding a wanted id, checked as a full
     load checks them; the other lines are told apart by their leading ids, not decoded."""
     lines: list[tuple[int, int, bytes, str]] = []
     keep: set[str] = set()
@@ -174,4 +225,4 @@ def _groups_of(reader: TraceReader, wanted: set[str]) -> Iterator[tuple[int, Tra
             trajectory = reader.decode(number, line)
             for problem in reader.problems(number, trajectory):
                 raise TraceFormatError(problem)
-            yield index, trajectory
+            yield index, number, trajectory

@@ -32,19 +32,22 @@ def check_header(header: TraceHeader) -> Iterator[Issue]:
         yield "source.kind", f"must be 'synthetic' or 'recorded', got {header.source.kind!r}"
 
 
-def check_trajectory(trajectory: Trajectory, header: TraceHeader) -> Iterator[Issue]:
+def check_trajectory(trajectory: Trajectory, header: TraceHeader, *, id_ranges: bool = True) -> Iterator[Issue]:
+    """Every issue of a trajectory. `id_ranges=False` leaves out the token ids' vocabulary ranges, for a caller that
+    checks them in bulk itself (`TraceStore.load`, on the packed ids) and asks again in full when one is out."""
     if not trajectory.id:
         yield "id", "must not be empty"
     if not trajectory.group_id:
         yield "group_id", "must not be empty"
-    yield from _check_ids("prompt.ids", trajectory.prompt.ids, header.tokenizer.vocab_size)
+    if id_ranges:
+        yield from _check_ids("prompt.ids", trajectory.prompt.ids, header.tokenizer.vocab_size)
     yield from _check_raw_prompt(trajectory)
     if not trajectory.turns:
         yield "turns", "a trajectory needs at least one turn"
     if trajectory.reward is not None and not math.isfinite(trajectory.reward):
         yield "reward", f"must be finite, got {trajectory.reward}"
     for index, turn in enumerate(trajectory.turns):
-        yield from _check_turn(f"turns[{index}]", index, turn, header)
+        yield from _check_turn(f"turns[{index}]", index, turn, header, id_ranges)
     yield from _check_prompt_tokens(trajectory)
 
 
@@ -70,7 +73,7 @@ def _check_ids(field: str, ids: list[int], vocab_size: int) -> Iterator[Issue]:
             return
 
 
-def _check_turn(field: str, index: int, turn: Turn, header: TraceHeader) -> Iterator[Issue]:
+def _check_turn(field: str, index: int, turn: Turn, header: TraceHeader, id_ranges: bool = True) -> Iterator[Issue]:
     request = turn.request
     forms = [name for name in INPUT_FORMS if getattr(request, name) is not None]
     if len(forms) != 1:
@@ -78,11 +81,11 @@ def _check_turn(field: str, index: int, turn: Turn, header: TraceHeader) -> Iter
         yield f"{field}.request", f"needs exactly one of {', '.join(INPUT_FORMS)}; found {found}"
     for name in ("input_ids", "input_ids_append"):
         ids = getattr(request, name)
-        if ids is not None:
+        if ids is not None and id_ranges:
             yield from _check_ids(f"{field}.request.{name}", ids, header.tokenizer.vocab_size)
     if not request.endpoint.startswith("/"):
         yield f"{field}.request.endpoint", f"must be a path starting with '/', got {request.endpoint!r}"
-    yield from _check_response(f"{field}.response", turn.response, header)
+    yield from _check_response(f"{field}.response", turn.response, header, id_ranges)
     call_ids = [call.id for call in turn.tool_calls]
     if len(set(call_ids)) != len(call_ids):
         yield f"{field}.tool_calls", "tool call ids must be unique within a turn"
@@ -97,9 +100,10 @@ def _check_turn(field: str, index: int, turn: Turn, header: TraceHeader) -> Iter
             yield f"{where}.tokens", f"must not be negative, got {output.tokens}"
 
 
-def _check_response(field: str, response: Response, header: TraceHeader) -> Iterator[Issue]:
+def _check_response(field: str, response: Response, header: TraceHeader, id_ranges: bool = True) -> Iterator[Issue]:
     ids = response.output_ids
-    yield from _check_ids(f"{field}.output_ids", ids, header.tokenizer.vocab_size)
+    if id_ranges:
+        yield from _check_ids(f"{field}.output_ids", ids, header.tokenizer.vocab_size)
     if response.logprobs is not None:
         if len(response.logprobs) != len(ids):
             yield f"{field}.logprobs", f"has {len(response.logprobs)} entries for {len(ids)} output ids"

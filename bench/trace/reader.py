@@ -113,9 +113,11 @@ class TraceReader:
         trajectory = self.decode(number, line)
         return trajectory.id, trajectory.group_id
 
-    def problems(self, number: int, trajectory: Trajectory, tokenizer: ByteBPETokenizer | None = None) -> list[Problem]:
-        """Semantic problems of a decoded trajectory, duplicates of earlier ids included."""
-        issues = list(check_trajectory(trajectory, self.header))
+    def problems(self, number: int, trajectory: Trajectory, tokenizer: ByteBPETokenizer | None = None, *,
+                 id_ranges: bool = True) -> list[Problem]:
+        """Semantic problems of a decoded trajectory, duplicates of earlier ids included (`id_ranges=False`: all but
+        the token ids' vocabulary ranges, see `check_trajectory`)."""
+        issues = list(check_trajectory(trajectory, self.header, id_ranges=id_ranges))
         if tokenizer is not None and not issues:
             issues.extend(check_tokenization(trajectory, tokenizer))
         first = self._first_line_of.setdefault(trajectory.id, number)
