@@ -254,3 +254,30 @@ def test_a_raw_prompt_and_its_rendering_are_a_pair(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match=r":3: prompt.raw: does not occur in prompt.text"):
         with open_trace(path) as reader:
             list(reader)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
+def test_a_damaged_gzip_fails_at_the_line_where_line_by_line_reading_fails(small_rlvr: Path, tmp_path: Path,
+                                                                            damage: str) -> None:
+    """The reader decompresses in bigger pieces than a line at a time; a failing piece loses what it had
+    decompressed (short lines, as rlvr's: several). The lines read and the line the error names must still be
+    those of reading the stream a line at a time."""
+    import zlib
+
+    whole = gzip.compress(small_rlvr.read_bytes())
+    path = tmp_path / "damaged.jsonl.gz"
+    for tenths in (3, 5):
+        cut = len(whole) * tenths // 10
+        path.write_bytes(whole[:cut] if damage == "truncated" else whole[:cut] + b"\xff" * 64 + whole[cut + 64:])
+        expected: list[bytes] = []
+        with gzip.open(path, "rb") as stream:
+            with pytest.raises((EOFError, gzip.BadGzipFile, zlib.error)):
+                for line in stream:
+                    expected.append(line)
+        read: list[bytes] = []
+        with open_trace(path, check=False) as reader:
+            with pytest.raises(TraceFormatError, match="corrupt or truncated") as error:
+                for _, line in reader.lines():
+                    read.append(line)
+        assert len(expected) > 1 and read == expected[1:]  # the header is read on opening
+        assert error.value.problem.line == len(expected) + 1
