@@ -4,7 +4,7 @@
 #   make targets  build one virtual environment per PyPI framework in .targets/ (miles, verifiers, areal, verl,
 #               verl-0.9); TARGETS="slime open-instruct prime-rl" builds the source-only frameworks' too
 #   make bench  benchmarks (server throughput beside bare aiohttp, repro cold vs warm worker, the memory kept for
-#               provenance, the latency `record` adds); not part of test
+#               provenance, the latency `record` adds, trace loading); not part of test
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -40,6 +40,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python -m benchmarks.repro_warm
 	$(BIN)/python -m benchmarks.served_memory
 	$(BIN)/python -m benchmarks.record_latency
+	$(BIN)/python -m benchmarks.trace_loading
 
 # Real targets live in their own environments (heavy, conflicting pins; never the bench's .venv).
 # torch is the local CPU wheel, installed first so nothing can pull a CUDA build; a check refuses one anyway.

@@ -8,9 +8,9 @@ synth writes `.jsonl.gz`) and once plain, then loads each in a fresh process per
 the load, and peak RSS (VmHWM) minus the RSS before it, after the bench's imports. MB is 2**20 bytes.
 
 The shipped agentic traces have 5-50 turns and tool outputs of ~60 tokens (median); `--turns` and
-`--tool-output-tokens` (synth options) make every trajectory plan 20 turns with tool outputs of 1,600 tokens
-(median, long-tailed), a 128k-token context: about 200 MB for 500 trajectories. A few trajectories still end early
-on a context overflow, as recorded ones do; the turn count is reported.
+`--tool-output-tokens` (synth options) make every trajectory plan 20 turns with tool outputs of 1,900 tokens
+(median, long-tailed), a 128k-token context: 220 MB for 500 trajectories. Some trajectories still end early
+(a context overflow, a cut answer), as recorded ones do; the turn count is reported.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=500, help="trajectories (500)")
     parser.add_argument("--turns", type=int, default=20, help="turns each trajectory plans (20)")
-    parser.add_argument("--tool-output-tokens", type=int, default=1600, help="median tool output, tokens (1600)")
+    parser.add_argument("--tool-output-tokens", type=int, default=1900, help="median tool output, tokens (1900)")
     parser.add_argument("--context-length", type=int, default=131072, help="context budget, tokens (131072)")
     parser.add_argument("--seed", type=int, default=1, help="synth seed (1)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")

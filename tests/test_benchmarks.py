@@ -42,6 +42,26 @@ def test_served_memory_quick_compares_keeping_with_discarding(tmp_path: Path) ->
     assert "the served data" in stdout
 
 @pytest.mark.slow
+def test_trace_loading_quick_reports_both_files_with_figures_from_the_measured_values(tmp_path: Path) -> None:
+    result, stdout = _bench("trace_loading", tmp_path)
+    assert "seed 1" in stdout and "rollout-bench synth --kind agentic" in stdout
+    gz, plain = result["rows"]
+    assert (gz["file"], plain["file"]) == ("gz", "plain")
+    assert gz["file_bytes"] < plain["file_bytes"] == plain["decompressed_bytes"] == result["decompressed_bytes"]
+    for row in (gz, plain):
+        assert row["trajectories"] == 8 and 8 < row["turns"] <= 8 * 5  # multi-turn, at most the planned turns
+        rounds = row["rounds"]
+        assert len(rounds) == 1 and rounds[0]["wall_s"] > 0 and rounds[0]["peak_rss_bytes"] >= rounds[0]["rss_before_bytes"]
+        assert row["wall_s"] == rounds[0]["wall_s"]
+        assert row["mb_per_s"] == row["decompressed_bytes"] / 2**20 / row["wall_s"]
+        growth = rounds[0]["peak_rss_bytes"] - rounds[0]["rss_before_bytes"]
+        assert row["peak_rss_growth_bytes"] == growth and row["memory_ratio"] == growth / row["decompressed_bytes"]
+        assert row["speed_aim_holds"] == (row["mb_per_s"] >= 100) and row["memory_aim_holds"] == (row["memory_ratio"] <= 3)
+    assert result["big_enough"] is False and "under the 200 MB" in stdout  # a quick run says it is no measurement
+    assert (tmp_path / "trace_loading.csv").read_text().count("\n") == 3
+
+
+@pytest.mark.slow
 def test_record_latency_quick_compares_direct_with_recorded(tmp_path: Path) -> None:
     result, stdout = _bench("record_latency", tmp_path)
     direct, recorded = result["rows"]
