@@ -120,6 +120,9 @@ def test_shipped_traces_regenerate_byte_for_byte(tmp_path: Path, name: str) -> N
     (["--kind", "rlvr", "--n", "10", "--seed", "1"], "must be a positive multiple of the group size 4"),
     (["--kind", "rlvr", "--n", "0", "--seed", "1"], "--n must be positive"),
     (["--kind", "agentic", "--n", "4", "--seed", "1", "--context-length", "10"], "at least 256 tokens"),
+    (["--kind", "rlvr", "--n", "4", "--seed", "1", "--turns", "20"], "--turns applies to agentic traces only"),
+    (["--kind", "agentic", "--n", "4", "--seed", "1", "--tool-output-tokens", "0"],
+     "--tool-output-tokens must be positive"),
 ])
 def test_synth_rejects_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
     out = tmp_path / "x.jsonl"
@@ -141,3 +144,18 @@ def test_synth_command_prints_the_seed(tmp_path: Path) -> None:
     with open_trace(out) as reader:
         assert reader.header.source.details == {"kind": "rlvr", "n": 4, "seed": 9, "group_size": 4,
                                                 "faker": reader.header.source.details["faker"]}
+
+
+def test_agentic_turns_and_tool_output_tokens_shape_the_trace(tmp_path: Path) -> None:
+    """Every trajectory plans the turns asked for (ending earlier only on an overflow or a cut answer), tool outputs
+    grow with their median, and the header says how the trace was shaped."""
+    plain = synthesize("agentic", 8, 3, tmp_path / "plain.jsonl")
+    shaped = synthesize("agentic", 8, 3, tmp_path / "shaped.jsonl", turns=12, tool_output_tokens=600,
+                        context_length=65536)
+    with open_trace(shaped) as reader:
+        assert reader.header.source.details["turns"] == 12 and reader.header.source.details["tool_output_tokens"] == 600
+        trajectories = list(reader)
+    assert all(t.metadata["planned_turns"] == 12 for t in trajectories)
+    assert all(len(t.turns) == 12 for t in trajectories if t.metadata["outcome"] == "completed")
+    assert sum(t.metadata["outcome"] == "completed" for t in trajectories) >= 6
+    assert shaped.stat().st_size > 2 * plain.stat().st_size  # 2.6x here
