@@ -35,12 +35,13 @@ test: $(VENV)/.installed-test targets
 
 # Performance claims, measured as ratios in one run (README "Benchmarks"); tables also in reports/bench/.
 # The repro benchmark uses real miles when its environment is built (make targets), else ref-gather.
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-test
 	$(BIN)/python -m benchmarks.server_throughput
 	$(BIN)/python -m benchmarks.repro_warm
 	$(BIN)/python -m benchmarks.served_memory
 	$(BIN)/python -m benchmarks.record_latency
 	$(BIN)/python -m benchmarks.trace_loading
+	$(BIN)/python -m benchmarks.tokenizer_speed
 
 # Real targets live in their own environments (heavy, conflicting pins; never the bench's .venv).
 # torch is the local CPU wheel, installed first so nothing can pull a CUDA build; a check refuses one anyway.

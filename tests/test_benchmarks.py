@@ -149,3 +149,18 @@ def test_the_load_generator_counts_answers_of_every_framing_and_dropped_connecti
     assert set(statuses) == {"200", "503", "dropped"}, statuses
     # per cycle of four: plain and chunked (200), error (503), drop; at most one cycle is cut short
     assert abs(statuses["200"] - 2 * statuses["503"]) <= 2 and abs(statuses["503"] - statuses["dropped"]) <= 1
+
+
+@pytest.mark.slow
+def test_tokenizer_speed_quick_measures_both_backends_on_identical_output(tmp_path: Path) -> None:
+    pytest.importorskip("tokenizers")
+    result, stdout = _bench("tokenizer_speed", tmp_path)
+    rows = {row["backend"]: row for row in result["rows"]}
+    assert list(rows) == ["hand-bpe", "tokenizers"]
+    for row in rows.values():
+        assert row["encode_mb_per_s"] > 0 and row["decode_mtok_per_s"] > 0 and row["synth_cpu_s"] > 0, row
+        assert row["chat_render_us"] > 0 and row["chat_encode_us"] > 0 and row["chat_route_cached_us"] > 0, row
+    assert rows["hand-bpe"]["tokens"] == rows["tokenizers"]["tokens"] > 0  # the same ids, counted
+    assert result["parameters"]["chat_prompts"] > result["distinct_chat_prompts"] > 0  # the cache has repeats
+    assert set(result["faster"].values()) <= {"hand-bpe", "tokenizers"}
+    assert "identical ids, texts and synth bytes" in stdout

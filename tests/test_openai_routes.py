@@ -519,3 +519,19 @@ def test_client_disconnect_mid_stream_is_logged() -> None:
             assert not bench.context.state.inflight
 
     asyncio.run(main())
+
+
+def test_chat_prompt_ids_are_cached_by_text_and_callers_get_their_own_list() -> None:
+    from bench.server.openai_request import _prompt_ids, _render_chat
+    from bench.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    expected = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    _prompt_ids.cache_clear()
+    first = _render_chat(messages, None, tokenizer)
+    first.append(-1)  # a caller extending its prompt must not change the cached one
+    second = _render_chat(messages, None, tokenizer)
+    assert second == expected and first is not second
+    assert _prompt_ids.cache_info().hits == 1 and _prompt_ids.cache_info().misses == 1
+    assert _render_chat([{"role": "user", "content": "What is 3+3?"}], None, tokenizer) != expected

@@ -118,3 +118,39 @@ class TestTransformers:
 def test_config_names_the_tokenizer() -> None:
     config = json.loads((tokenizer_path() / "tokenizer_config.json").read_text())
     assert config["name_or_path"] == TOKENIZER_NAME and config["eos_token"] == "<|im_end|>"
+
+
+def _shipped_texts_and_ids() -> tuple[list[str], list[list[int]]]:
+    """Every text of the shipped traces (prompts, outputs, tool outputs) and every recorded id sequence."""
+    import gzip
+    from pathlib import Path
+
+    texts, ids = [], []
+    for path in sorted((Path(__file__).resolve().parent.parent / "traces").glob("*.jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                if record.get("type") != "trajectory":
+                    continue
+                texts.append(record["prompt"]["text"])
+                ids.append(record["prompt"]["ids"])
+                for turn in record["turns"]:
+                    texts.append(turn["response"]["text"])
+                    ids.append(turn["response"]["output_ids"])
+                    texts.extend(out["text"] for out in turn.get("tool_outputs") or [])
+    return texts, ids
+
+
+def test_same_ids_and_text_as_tokenizers_on_every_shipped_text() -> None:
+    """The hand BPE is kept because it is faster (benchmarks/tokenizer_speed.py); it must stay exact."""
+    tokenizers = pytest.importorskip("tokenizers")
+    rust = tokenizers.Tokenizer.from_file(str(tokenizer_path() / "tokenizer.json"))
+    texts, recorded = _shipped_texts_and_ids()
+    assert len(texts) > 10_000 and len(recorded) > 5_000
+    for text in texts:
+        ids = tok.encode(text)
+        assert rust.encode(text, add_special_tokens=False).ids == ids, text[:200]
+        assert rust.decode(ids, skip_special_tokens=False) == tok.decode(ids) == text, text[:200]
+    for ids in recorded:
+        for skip in (False, True):
+            assert rust.decode(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip), ids[:50]
