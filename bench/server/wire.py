@@ -6,6 +6,7 @@ router's no-workers 503 (4.4) is built once, in `faults.catalogue.router_no_work
 
 from __future__ import annotations
 
+import random
 from http import HTTPStatus
 from typing import Any
 
@@ -17,6 +18,16 @@ from .profiles import SglangProfile
 _encode = msgspec.json.Encoder().encode
 JSON = "application/json"
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+_V4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))  # the version nibble and the variant's two bits
+_V4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def fresh_id() -> str:
+    """A request id shaped as `uuid.uuid4().hex` (the engines' own), at a quarter of its CPU: random bits from the
+    process's Mersenne Twister (reseeded after a fork) instead of the OS, and no `UUID` object per request."""
+    return f"{random.getrandbits(128) & _V4_CLEAR | _V4_SET:032x}"
 
 
 def dumps(obj: Any) -> bytes:
