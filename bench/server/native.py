@@ -88,12 +88,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     errors = [p for p in prepared if isinstance(p, ValueRejected)]
     if errors:
         return wire.value_error(errors[0].message)
-    if len(exchanges) == 1:  # the usual single prompt: no gather's task and future around one coroutine
-        item, record, exchange = exchanges[0]
-        results = [await _run_whole(ctx, parsed, item, record, exchange, arrived)]
-    else:
-        results = await asyncio.gather(*(_run_whole(ctx, parsed, item, record, exchange, arrived)
-                                         for item, record, exchange in exchanges))
+    results = await asyncio.gather(*(_run_whole(ctx, parsed, item, record, exchange, arrived)
+                                     for item, record, exchange in exchanges))
     return await transport.send_body(request, transport.encode(results if parsed.batch else results[0], first), first)
 
 
