@@ -15,6 +15,9 @@ if TYPE_CHECKING:  # types only: a target's worker imports the fault catalogue w
     from bench.tokenizer import ByteBPETokenizer
 
 
+_UNSEEDED = random.Random()
+
+
 @dataclass
 class Replacement:
     """A whole HTTP answer sent instead of the generation (error statuses, broken bodies)."""
@@ -51,7 +54,9 @@ class Exchange:
     context_length: int
     tokenizer: ByteBPETokenizer
     tools: tuple[str, ...] = ()  # the tools the trajectory's prompt announces: the tool protocol its client speaks
-    rng: random.Random = field(default_factory=random.Random)  # seeded per (plan, rule, attempt)
+    # seeded per (plan, rule, attempt) by the engine when a fault fires; the shared unseeded default spares
+    # every unfaulted answer a `random.Random()` seeded from the OS (5% of the server's CPU)
+    rng: random.Random = _UNSEEDED
     logprob_entries: list[tuple[float | None, int]] | None = None  # (logprob, id) pairs, when a fault edits them
     refusal_context: int | None = None  # answer a context-length 400 claiming this context length
     content_type: str | None = None  # send the answer under this content type instead

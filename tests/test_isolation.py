@@ -126,6 +126,7 @@ def test_the_bench_core_stays_light_enough_for_a_training_environment() -> None:
 
 def test_the_report_shows_throughput_bench_overhead_and_the_work_a_crash_threw_away(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from bench.report import format_summary, write_report
+    from bench.server.router import GENERATION_ROUTES
 
     crashed = _run("ref-gather:unfixed", time_scale=0.05)
     summary = write_report(crashed, tmp_path / "crashed")
@@ -137,9 +138,26 @@ def test_the_report_shows_throughput_bench_overhead_and_the_work_a_crash_threw_a
     assert throughput["samples_per_s"] == round((500 - len(lost)) / crashed.duration_s, 3)
     assert throughput["bench_cpu_s"] > 0 and 0 < throughput["bench_cpu_share"] <= 2  # two cores at most
     assert throughput["target_cpu_s"] > 0  # measured in the worker, apart from the bench's
+    generation = [q for q in crashed.requests if q.endpoint in GENERATION_ROUTES]
+    assert generation
+    assert throughput["bench_cpu_us_per_request"] == round(crashed.bench_cpu_s / len(generation) * 1e6, 1)
+    assert f"{throughput['bench_cpu_us_per_request']:g} µs per request" in format_summary(summary)
     assert (tmp_path / "crashed" / "worker.log").exists()
     fixed = write_report(_run("ref-gather:fixed", n=40), tmp_path / "fixed")
     assert fixed["orphaned_requests"] == 0 and fixed["isolation"] == "process"
+
+
+def test_bench_cpu_per_request_counts_only_generation_requests() -> None:
+    """A target's health checks and model-info calls are cheap and its own habit: they must not dilute the figure."""
+    import pandas as pd
+
+    from bench.report.summary import bench_cpu_us_per_request
+
+    requests = pd.DataFrame({"endpoint": ["/generate", "/health", "/v1/chat/completions", "/get_model_info",
+                                          "/v1/completions"]})
+    assert bench_cpu_us_per_request(0.0009, requests) == 300.0  # 900 µs over the three generation requests
+    assert bench_cpu_us_per_request(1.0, requests[requests["endpoint"] == "/health"]) is None
+    assert bench_cpu_us_per_request(1.0, pd.DataFrame(columns=["endpoint"])) is None
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

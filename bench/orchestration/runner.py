@@ -101,6 +101,12 @@ class RunResult:
     tokens_source: str = "served"  # the target's declaration: "retokenized" when its framework re-tokenises text
     framework: dict[str, str] | None = None  # the framework's code: installed version, or checkout and commit
 
+    def __repr__(self) -> str:
+        """Short: `asyncio.run` formats the finished main task's result when it restores the SIGINT handler, and
+        the full dataclass repr of every record and request took 0.3 s of a 500-trajectory run's exit."""
+        return (f"RunResult(target={self.target!r}, trace={self.trace_path!r}, records={len(self.records)}, "
+                f"requests={len(self.requests)}, violations={len(self.violations)})")
+
     @property
     def ok(self) -> bool:
         return not self.violations

@@ -53,6 +53,7 @@ class ServedEntry:
     logprobs_shown: bool = False  # whether the answer carried logprobs at all
     played: bool = False  # its tokens are final (a request still in flight, or refused, may not be continued)
     context_digest: bytes = b""  # of prompt + served output, packed int32
+    prompt_hash: "hashlib._Hash | None" = None  # the prompt's digest so far, until `finish` adds the output
 
     @property
     def trajectory(self) -> str | None:
@@ -83,7 +84,9 @@ class ServedTokens:
 
     def begin(self, record: RequestRecord, prompt: bytes) -> ServedEntry:
         """Register an identified request (prompt as packed int32) and find the request it continues."""
-        entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=_digest(prompt))
+        hashed = hashlib.blake2b(prompt, digest_size=16)  # kept: `finish` adds the output, not the prompt again
+        entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=hashed.digest(),
+                            prompt_hash=hashed)
         entry.root = entry.index
         if record.trajectory is not None:
             siblings = self._by_trajectory.setdefault(record.trajectory, [])
@@ -112,8 +115,17 @@ class ServedTokens:
         self.ids.extend(ids)
         entry.logprobs_shown = logprobs is not None
         shown = logprobs or []
-        self.logprobs.extend(_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids)))
-        entry.context_digest = _digest(array("i", prompt).tobytes() + array("i", ids).tobytes())
+        head = shown if len(shown) == len(ids) else shown[: len(ids)]
+        if len(head) == len(ids) and set(map(type, head)) <= _NUMBERS:  # the usual answer: extended in C
+            self.logprobs.extend(head)
+        else:  # None (no usable logprob) or too few shown: NaN there
+            self.logprobs.extend(_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids)))
+        packed_ids = array("i", ids).tobytes()
+        if entry.prompt_hash is not None and len(prompt) == entry.prompt_len:
+            entry.prompt_hash.update(packed_ids)  # the same digest as of prompt + output, without the prompt again
+            entry.context_digest, entry.prompt_hash = entry.prompt_hash.digest(), None
+        else:
+            entry.context_digest = _digest(array("i", prompt).tobytes() + packed_ids)
         if entries is not None:  # rare (a fault): kept beside the arrays, not in them
             self.entry_streams[index] = (list(entries[0]), [_as_float(v) for v in entries[1]])
         record.served_tokens, record.served_digest = len(ids), token_digest(ids)
@@ -200,6 +212,9 @@ class ServedTokens:
     @staticmethod
     def _continuable(entry: ServedEntry, size: int) -> bool:
         return entry.played and (entry.context_len < size or entry.context_len == size and entry.count > 0)
+
+
+_NUMBERS = frozenset({float, int})
 
 
 def _as_float(value: float | None) -> float:

@@ -19,6 +19,7 @@ from bench.invariants.root_cause import root_cause
 from bench.invariants.vacuity import reach
 from bench.orchestration.runner import RunResult
 from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES
+from bench.server.router import GENERATION_ROUTES
 
 from .status import honesty_line, honesty_summary
 
@@ -33,6 +34,13 @@ def _versions() -> dict[str, str]:
 def _quantiles(series: pd.Series) -> dict[str, float | None]:
     clean = series.dropna()
     return {f"p{q}": (round(float(clean.quantile(q / 100)), 6) if len(clean) else None) for q in (50, 90, 99)}
+
+
+def bench_cpu_us_per_request(bench_cpu_s: float, requests: pd.DataFrame) -> float | None:
+    """The bench's CPU per generation request it served, in µs (None: it served none); admin requests
+    (health, model info) are cheap and a target's own habit, so they do not dilute the figure."""
+    served = int(requests["endpoint"].isin(GENERATION_ROUTES).sum()) if len(requests) else 0
+    return round(bench_cpu_s / served * 1e6, 1) if served else None
 
 
 def orphaned_requests(trajectories: pd.DataFrame, requests: pd.DataFrame, returned_at: float | None) -> int:
@@ -167,6 +175,8 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
             # too when it runs inline); a real target's own CPU is reported beside it
             "bench_cpu_s": round(result.bench_cpu_s, 3),
             "bench_cpu_share": round(result.bench_cpu_s / duration, 4),
+            # per generation request served: the figure that must stay small beside real rollout code
+            "bench_cpu_us_per_request": bench_cpu_us_per_request(result.bench_cpu_s, requests),
             "target_cpu_s": None if result.worker is None else result.worker.get("cpu_s"),
         },
         "isolation": result.isolation,
@@ -204,8 +214,10 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     lines.append(("throughput", f"{throughput.get('samples_per_s', throughput['trajectories_per_s'])} samples/s, {throughput['requests_per_s']} req/s, "
                                 f"{throughput['output_tokens_per_s']} tok/s"))
     if "bench_cpu_s" in throughput:
+        per_request = throughput.get("bench_cpu_us_per_request")
         lines.append(("bench overhead", f"{throughput['bench_cpu_s']} s CPU in the bench = "
                                     f"{throughput['bench_cpu_share']:.0%} of the wall time"
+                                        + (f", {per_request:g} µs per request" if per_request is not None else "")
                                         + (f"; target {throughput['target_cpu_s']} s CPU"
                                            if throughput['target_cpu_s'] is not None else "")))
     if summary.get("orphaned_requests"):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any, Callable
 
 from aiohttp import web
@@ -106,9 +105,9 @@ def _choices(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, ba
     for ids in parsed.prompts:
         params = parsed.sampling.params(len(ids), ctx.config.context_length)
         for _ in range(parsed.sampling.n):
-            rid = base_id if single else uuid.uuid4().hex
+            rid = base_id if single else wire.fresh_id()
             if vllm and rid in ctx.state.inflight:  # a client-chosen request_id already running: keep both apart
-                rid = uuid.uuid4().hex
+                rid = wire.fresh_id()
             answer, planned = (live[0][len(choices)], live[1][len(choices)]) if live else (None, None)
             generation = ctx.generate(ids, params, hint, answer, planned)
             record = new_record(ctx, request.path, arrived, rid=rid, stream=parsed.stream, prompt_tokens=len(ids),
@@ -201,7 +200,7 @@ async def _serve(request: web.Request, kind: str, parser: Parser) -> web.StreamR
             return ctx.upstream.pass_through(fetched)
         reject(ctx, new_record(ctx, request.path, arrived), 400, error.message, arrived)
         return wire.openai_error(flavor, error.message, 400, error.err_type, error.param)
-    base_id = parsed.client_id or uuid.uuid4().hex
+    base_id = parsed.client_id or wire.fresh_id()
     live = None
     if ctx.upstream is not None:
         live = await _upstream_answers(ctx, request, parsed, arrived, forced)
