@@ -285,19 +285,25 @@ def _wait_listening(url: str, process: subprocess.Popen, log: Path) -> None:
     pytest.fail(f"recorder not listening after 30 s: {log.read_text()}")
 
 
+def _record_command(upstream: str, out: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """`rollout-bench record` as a user runs it, on a free port, listening when this returns."""
+    port = free_port()
+    with open(log, "wb") as sink:
+        recorder = subprocess.Popen([*BENCH, "record", "--upstream", upstream, "--out", str(out), "--port", str(port)],
+                                    stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    _wait_listening(url, recorder, log)
+    return recorder, url
+
+
 def test_a_recorder_killed_mid_run_leaves_a_valid_trace_with_every_completed_exchange(tmp_path: Path) -> None:
     seed = random.randrange(2**32)
     print(f"kill point seed: {seed}")
     rng = random.Random(seed)
     out, log = tmp_path / "killed.jsonl", tmp_path / "record.log"
     with ServerThread("agentic-500") as mock:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        with open(log, "wb") as sink:
-            recorder = subprocess.Popen([*BENCH, "record", "--upstream", mock.url, "--out", str(out), "--port",
-                                         str(port)], stdout=sink, stderr=subprocess.STDOUT)
+        recorder, url = _record_command(mock.url, out, log)
         try:
-            _wait_listening(url, recorder, log)
             kill_after = rng.randrange(5, 40)
             completed = 0
 
@@ -353,13 +359,8 @@ def test_record_refuses_an_unreachable_upstream_and_an_existing_file_by_name(tmp
 def test_a_clean_stop_joins_the_recording(tmp_path: Path) -> None:
     out, log = tmp_path / "clean.jsonl", tmp_path / "record.log"
     with ServerThread("rlvr-500") as mock:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        with open(log, "wb") as sink:
-            recorder = subprocess.Popen([*BENCH, "record", "--upstream", mock.url, "--out", str(out), "--port",
-                                         str(port)], stdout=sink, stderr=subprocess.STDOUT)
+        recorder, url = _record_command(mock.url, out, log)
         try:
-            _wait_listening(url, recorder, log)
             for trajectory in mock.context.store.trajectories[:4]:
                 reply = request(url, "/generate", {"input_ids": turn_input(trajectory, 0), "return_logprob": True})
                 assert reply.status == 200

@@ -142,16 +142,22 @@ class Recorder:
                                                    data=body,
                                                    allow_redirects=False)  # a redirect is the client's to follow
         except (aiohttp.ClientError, OSError) as error:
-            message = f"rollout-bench record: upstream {self.upstream} unreachable ({error.__class__.__name__}: {error})"
-            if captured is not None:
-                elapsed = time.monotonic() - started
-                self._finish(captured, placements, [CapturedAnswer(error=CapturedError(502, message), ttft=elapsed,
-                                                                   total=elapsed) for _ in captured.inputs])
-            return web.Response(status=502, text=message)
+            return self._bad_gateway(f"unreachable ({error.__class__.__name__}: {error})", captured, placements,
+                                     started)
         try:
             return await self._relay(request, upstream, captured, placements, started)
         finally:
             upstream.release()
+
+    def _bad_gateway(self, what: str, captured: CapturedRequest | None, placements: list[Any],
+                     started: float) -> web.Response:
+        """No answer from the upstream: the client gets a 502 saying why, and the recording an error turn."""
+        message = f"rollout-bench record: upstream {self.upstream} {what}"
+        if captured is not None:
+            elapsed = time.monotonic() - started
+            self._finish(captured, placements, [CapturedAnswer(error=CapturedError(502, message), ttft=elapsed,
+                                                               total=elapsed) for _ in captured.inputs])
+        return web.Response(status=502, text=message)
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, captured: CapturedRequest | None,
                      placements: list[Any], started: float) -> web.StreamResponse:
@@ -164,12 +170,7 @@ class Recorder:
             try:
                 raw = await upstream.read()
             except (aiohttp.ClientError, OSError) as error:  # the upstream broke off (e.g. fewer bytes than said)
-                message = f"rollout-bench record: upstream {self.upstream} broke off its answer ({error!r})"
-                if captured is not None:
-                    elapsed = time.monotonic() - started
-                    self._finish(captured, placements, [CapturedAnswer(error=CapturedError(502, message), ttft=elapsed,
-                                                                       total=elapsed) for _ in captured.inputs])
-                return web.Response(status=502, text=message)
+                return self._bad_gateway(f"broke off its answer ({error!r})", captured, placements, started)
             if captured is not None:
                 elapsed = time.monotonic() - started
                 readable, problem = decoded(raw, encoding)
