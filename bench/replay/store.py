@@ -148,7 +148,7 @@ def _recorded(trajectory: Trajectory, index: int, member: int, vocab_size: int) 
         prompt_len=len(trajectory.prompt.ids), prompt_messages=trajectory.prompt.messages,
         prompt_tools=trajectory.prompt.tools, prompt_text=trajectory.prompt.text,
         first_sampling_params=trajectory.turns[0].request.sampling_params if trajectory.turns else {},
-        sequences=packed, turns=turns,  # type: ignore[arg-type]  # None ruled out above recorded_outcome=_outcome(trajectory),
+        sequences=packed, turns=turns, recorded_outcome=_outcome(trajectory),  # type: ignore[arg-type]  # no None
         prompt_raw=trajectory.prompt.raw,
     )
 
