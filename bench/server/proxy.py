@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import signal
-import sys
 from array import array
 from collections import defaultdict
 from pathlib import Path
@@ -97,34 +95,14 @@ def load_upstream_context(upstream: str, *, trace: str | Path | None = None, pla
 async def proxy(upstream: str, *, host: str, port: int, log_dir: str | None = None, **options: Any) -> int:
     """Serve the proxy on host:port until SIGINT or SIGTERM; print what it did."""
     from .app import BenchServer
+    from .serve import serve_until_signalled
 
     server = BenchServer(context=load_upstream_context(upstream, **options), host=host, port=port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    url = await server.start()
-    ctx = server.context
-    print(f"rollout-bench proxy at {url} in front of {upstream} (model {ctx.config.model}, context "
-          f"{ctx.config.context_length}, answers written as SGLang {ctx.config.profile.version}, tokenizer "
-          f"{getattr(ctx.tokenizer, 'name', '?')})", flush=True)
-    plan = ctx.faults.plan
-    print(f"fault plan {plan.name!r}: {len(plan.rules)} rules, seed {plan.seed}", flush=True)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: bound to {host}, reachable beyond this machine", file=sys.stderr, flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await server.stop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-    print(f"stopped after {len(server.log)} requests, {len(ctx.faults.log)} fault events", flush=True)
-    silent = ctx.faults.never_fired()
-    if silent:
-        print(f"rules that never fired: {', '.join(silent)}", flush=True)
-    if log_dir:
-        folder = Path(log_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        print(f"request log: {server.log.write_csv(folder / 'requests.csv')}", flush=True)
-        print(f"fault log: {ctx.faults.log.write_csv(folder / 'faults.csv')}", flush=True)
-    return 0
+
+    def banner(url: str) -> str:
+        ctx = server.context
+        return (f"rollout-bench proxy at {url} in front of {upstream} (model {ctx.config.model}, context "
+                f"{ctx.config.context_length}, answers written as SGLang {ctx.config.profile.version}, tokenizer "
+                f"{getattr(ctx.tokenizer, 'name', '?')})")
+
+    return await serve_until_signalled(server, host, banner, log_dir)

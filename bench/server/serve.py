@@ -6,7 +6,7 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .app import BenchServer
 
@@ -14,16 +14,27 @@ from .app import BenchServer
 async def serve(trace: str, *, host: str, port: int, log_dir: str | None = None, **options: Any) -> int:
     """Serve `trace` on host:port; print the URL; shut down cleanly on a signal."""
     server = BenchServer(trace, host=host, port=port, **options)
+
+    def banner(url: str) -> str:
+        config = server.context.config
+        return (f"rollout-bench serving {server.context.store.path} at {url} "
+                f"(SGLang {config.profile.version}, time scale {config.time_scale})")
+
+    return await serve_until_signalled(server, host, banner, log_dir)
+
+
+async def serve_until_signalled(server: BenchServer, host: str, banner: Callable[[str], str],
+                                log_dir: str | None) -> int:
+    """Start `server`, print `banner(url)` and its plan, serve until SIGINT or SIGTERM, then print what it did and
+    write its logs to `log_dir` (the mock's `serve` and the live engine's `proxy` alike)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    config = server.context.config
     url = await server.start()
-    plan = server.context.faults.plan
-    print(f"rollout-bench serving {server.context.store.path} at {url} "
-          f"(SGLang {config.profile.version}, time scale {config.time_scale})", flush=True)
-    print(f"fault plan {plan.name!r}: {len(plan.rules)} rules, seed {plan.seed}", flush=True)
+    faults = server.context.faults
+    print(banner(url), flush=True)
+    print(f"fault plan {faults.plan.name!r}: {len(faults.plan.rules)} rules, seed {faults.plan.seed}", flush=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: bound to {host}, reachable beyond this machine", file=sys.stderr, flush=True)
     try:
@@ -32,7 +43,6 @@ async def serve(trace: str, *, host: str, port: int, log_dir: str | None = None,
         await server.stop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-    faults = server.context.faults
     print(f"stopped after {len(server.log)} requests, {len(faults.log)} fault events", flush=True)
     silent = faults.never_fired()
     if silent:
