@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 from bench.capture.tracker import KnownGroup, TrafficTracker, ids_key
-from bench.capture.upstream import UpstreamError, UpstreamInfo, probe, tokenizer_for
+from bench.capture.upstream import UpstreamError, UpstreamInfo, probe, split_credentials, tokenizer_for
 from bench.replay import TraceStore
 from bench.replay.store import RecordedTrajectory
 from bench.trace.shipped import resolve_trace
@@ -101,7 +101,7 @@ async def proxy(upstream: str, *, host: str, port: int, log_dir: str | None = No
 
     def banner(url: str) -> str:
         ctx = server.context
-        return (f"rollout-bench proxy at {url} in front of {upstream} (model {ctx.config.model}, context "
+        return (f"rollout-bench proxy at {url} in front of {split_credentials(upstream)[0]} (model {ctx.config.model}, context "
                 f"{ctx.config.context_length}, answers written as SGLang {ctx.config.profile.version}, tokenizer "
                 f"{getattr(ctx.tokenizer, 'name', '?')})")
 
