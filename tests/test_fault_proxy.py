@@ -450,13 +450,13 @@ def test_multi_turn_tool_loop_through_the_proxy() -> None:
 # -- every live-applicable fault, generically: it fires once, on the right attempt, and the client sees a change ---
 HOW_SEEN = {  # fault spec -> (route kind, how the client sees it)
     "abort": ("native", "body"), "connection_reset": ("native", "error"), "context_length_error": ("native", "400"),
-    "empty_completion": ("native", "body"), "http_error": ("native", "500"), "latency:ms=300": ("native", "time"),
+    "empty_completion": ("native", "body"), "http_error": ("native", "500"), "latency:ms=1000": ("native", "time"),
     "logprob_length_mismatch": ("native", "body"), "malformed_json": ("native", "body"),
     "missing_logprobs": ("native", "body"), "missing_weight_version": ("native", "body"),
     "nan_logprob": ("native", "body"), "null_logprob": ("native", "body"), "outage": ("native", "503"),
     "oversized_tool_output": ("native", "body"), "raise_after_generate": ("native", "body"),
-    "router_no_workers": ("native", "503"), "slow_first_token:seconds=0.3": ("stream", "time"),
-    "stale_weight_version": ("native", "body"), "stall:seconds=0.3": ("native", "time"),
+    "router_no_workers": ("native", "503"), "slow_first_token:seconds=1": ("stream", "time"),
+    "stale_weight_version": ("native", "body"), "stall:seconds=1": ("native", "time"),
     "stream_cut:after=1,clean=true": ("stream", "body"), "stream_no_finish_reason": ("stream", "body"),
     "text_without_ids": ("openai", "body"), "truncated_body": ("native", "error"),
     "wrong_content_type": ("native", "content type"), "zero_length": ("native", "body"),
@@ -505,7 +505,9 @@ def test_every_live_fault_fires_once_and_shows(upstream: ServerThread, spec: str
     elif seen_as == "error":
         assert faulted[3] in ("ServerDisconnectedError", "ClientPayloadError")
     elif seen_as == "time":
-        assert faulted[4] >= 0.3 > clean[4] and faulted[2] == clean[2]  # the same answer, later
+        # the same answer, a whole second later: a loaded machine slows the clean answer too (CI saw 0.47 s), so the
+        # margin is wide enough that only the fault can explain it
+        assert faulted[4] >= 1.0 > clean[4] and faulted[2] == clean[2]
     elif seen_as == "content type":
         assert faulted[1]["Content-Type"] == "application/octet-stream" and faulted[2] == clean[2]
     else:
