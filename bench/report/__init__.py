@@ -31,7 +31,7 @@ def write_report(result: RunResult, folder: str | Path, junit: str | Path | None
         result.served.write(folder / SERVED_FILE)
     summary = summarize(result, tables)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    write_plots(tables, folder)
+    write_plots(tables, folder, summary)
     write_junit(result, Path(junit) if junit else folder / "junit.xml", summary.get("provenance"))
     _keep_worker_log(result, folder)
     return summary
@@ -76,7 +76,7 @@ def load_sweep(folder: str | Path) -> dict[str, Any]:
 def rerender(folder: str | Path) -> dict[str, Any]:
     """Redraw a report folder's plots from its tables; returns its summary."""
     loaded = load(folder)
-    write_plots({k: v for k, v in loaded.items() if isinstance(v, pd.DataFrame)}, Path(folder))
+    write_plots({k: v for k, v in loaded.items() if isinstance(v, pd.DataFrame)}, Path(folder), loaded["summary"])
     return loaded["summary"]  # type: ignore[no-any-return]
 
 
