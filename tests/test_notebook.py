@@ -94,3 +94,19 @@ def test_notebook_reads_the_run_named_by_the_environment(small_sweep: Path, tmp_
     printed = "".join(o.get("text", "") for o in _outputs(_execute(tmp_path)) if o["output_type"] == "stream")
     assert f"run:   {chosen.resolve()}" in printed
     assert "ref-gather:unfixed" in printed and "chaos / 1" in printed  # the summary of that run, not another
+
+
+def test_notebook_analyses_a_single_run_without_a_sweep(small_sweep: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ROLLOUT_BENCH_RUN` alone: the run's sections draw their figures, the sweep's say there is no sweep."""
+    [chosen] = sorted((small_sweep / "runs").glob("*-chaos-ref-gather_unfixed-r0.1-s1"))
+    monkeypatch.delenv("ROLLOUT_BENCH_SWEEP", raising=False)
+    monkeypatch.setenv("ROLLOUT_BENCH_RUN", str(chosen))
+    monkeypatch.chdir(tmp_path)  # no reports/sweep-demo to fall back on
+    outputs = _outputs(_execute(tmp_path))
+    assert [o for o in outputs if o["output_type"] == "error"] == []
+    printed = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+    assert "sweep: none (ROLLOUT_BENCH_RUN alone)" in printed and f"run:   {chosen.resolve()}" in printed
+    assert printed.count("no sweep loaded: this section needs ROLLOUT_BENCH_SWEEP") == 4
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) == 3  # the run's: outcomes and drop rate by fault, retries, throughput and latency
