@@ -11,6 +11,8 @@ from typing import Any, Callable, Sequence
 from bench import __version__
 from bench.trace.shipped import DEFAULT_TRACE, SHIPPED_TRACES, resolve_trace, shipped_trace
 
+CONTROL_TOKEN_ENV = "ROLLOUT_BENCH_CONTROL_TOKEN"
+
 
 def _cmd_synth(args: argparse.Namespace) -> int:
     from bench.synth import synthesize
@@ -57,7 +59,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(args.trace, host=args.host, port=args.port, log_dir=args.log_dir, plan=plan,
                              sglang_version=args.sglang_version, time_scale=args.time_scale,
                              router_version=args.router_version, openai_flavor=args.openai_flavor,
-                             incremental_streaming=args.incremental_streaming_output, tokenizer_dir=args.tokenizer))
+                             incremental_streaming=args.incremental_streaming_output, tokenizer_dir=args.tokenizer,
+                             control_token=args.control_token))
+
+
+def _control_token_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--control-token", default=os.environ.get(CONTROL_TOKEN_ENV) or None,
+                        help=f"the token /bench/* requires (default ${CONTROL_TOKEN_ENV}; bound beyond loopback "
+                        "without one, a token is generated and printed at start)")
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
@@ -69,7 +78,8 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
     options = {"openai_flavor": args.openai_flavor} if args.openai_flavor else {}
     return asyncio.run(proxy(args.upstream, host=args.host, port=args.port, log_dir=args.log_dir, plan=plan,
                              trace=args.trace, tokenizer_dir=args.tokenizer, context_length=args.context_length,
-                             sglang_version=args.sglang_version, router_version=args.router_version, **options))
+                             sglang_version=args.sglang_version, router_version=args.router_version,
+                             control_token=args.control_token, **options))
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
@@ -444,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tokenizer", metavar="DIR", help="the trace's tokenizer when it is not the bench's (a "
                        "recording of a real model): a local Hugging Face tokenizer folder")
     serve.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
+    _control_token_argument(serve)
     serve.set_defaults(run=_cmd_serve)
 
     proxy = sub.add_parser("proxy", help="the fault engine in front of a live SGLang / vLLM server or router")
@@ -466,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--openai-flavor", choices=["vllm", "sglang"],
                        help="shape of the OpenAI-compatible answers (default: the upstream's, from /v1/models)")
     proxy.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
+    _control_token_argument(proxy)
     proxy.set_defaults(run=_cmd_proxy)
 
     record = sub.add_parser("record", help="a reverse proxy in front of SGLang / vLLM / a router that forwards "

@@ -45,6 +45,20 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any | None:
         return None
 
 
+async def _is_bench_mock(session: aiohttp.ClientSession, base: str) -> bool:
+    """Whether `base` is a rollout-bench mock: its `/bench/plan` answers, or refuses for want of the control token
+    (a mock bound beyond loopback)."""
+    try:
+        async with session.get(f"{base}/bench/plan") as response:
+            if response.status == 200:
+                return True
+            body = await response.json(content_type=None) if response.status == 401 else None
+    except (aiohttp.ClientError, ValueError):
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("type") == "bench_control_token"
+
+
 def split_credentials(upstream: str) -> tuple[str, str | None]:
     """The URL without its `user:password@` (what may be shown and written), and those credentials as an
     Authorization header value."""
@@ -71,7 +85,7 @@ async def probe(upstream: str, timeout: float = 10.0) -> UpstreamInfo:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise UpstreamError(f"upstream {upstream} does not answer ({error.__class__.__name__}: {error}); start "
                                 "the engine (or the router) first, or check the URL") from None
-        mock = await _get_json(session, f"{base}/bench/plan") is not None
+        mock = await _is_bench_mock(session, base)
         server_info = await _get_json(session, f"{base}/get_server_info") or {}
         model_info = await _get_json(session, f"{base}/get_model_info") or {}
         models = await _get_json(session, f"{base}/v1/models") or {}

@@ -22,6 +22,7 @@ from . import native
 from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
+from .control import CONTROL_TOKEN_KEY, control_token_for, require_control_token
 from .profiles import DEFAULT_PROFILE, get_profile
 from .router import GENERATION_ROUTES, add_router_routes
 from .served import add_served_headers
@@ -49,9 +50,12 @@ async def log_admin_requests(request: web.Request, handler: Any) -> web.StreamRe
     return response
 
 
-def create_app(ctx: ServerContext) -> web.Application:
-    app = web.Application(client_max_size=512 * 2**20, middlewares=[log_admin_requests])
+def create_app(ctx: ServerContext, control_token: str | None = None) -> web.Application:
+    """The server's routes; with a `control_token`, `/bench/*` refuses requests without it (logged all the same)."""
+    app = web.Application(client_max_size=512 * 2**20, middlewares=[log_admin_requests, require_control_token])
     app[CONTEXT_KEY] = ctx
+    if control_token is not None:
+        app[CONTROL_TOKEN_KEY] = control_token
     app.on_response_prepare.append(add_served_headers)
     app.router.add_route("POST", "/generate", native.generate)
     app.router.add_route("PUT", "/generate", native.generate)
@@ -122,10 +126,12 @@ def trace_tokenizer(path: Path, named: TokenizerInfo, folder: str | None) -> tup
 
 
 class BenchServer:
-    """The mock server on 127.0.0.1; `async with BenchServer(...) as server: server.url`."""
+    """The mock server on 127.0.0.1; `async with BenchServer(...) as server: server.url`. Bound beyond loopback,
+    `/bench/*` requires `control_token` (generated when not given: `server.control_token`)."""
 
     def __init__(self, trace: str | Path = DEFAULT_TRACE, *, host: str = "127.0.0.1", port: int = 0,
-                 context: ServerContext | None = None, **options: Any) -> None:
+                 context: ServerContext | None = None, control_token: str | None = None, **options: Any) -> None:
+        self.control_token = control_token_for(host, control_token)
         self.context = context or load_context(trace, **options)
         self.host, self.port = host, port
         self._runner: web.AppRunner | None = None
@@ -139,7 +145,8 @@ class BenchServer:
         return self.context.log
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(create_app(self.context), handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(create_app(self.context, self.control_token), handler_cancellation=True,
+                                     access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

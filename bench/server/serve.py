@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .app import BenchServer
+from .control import CONTROL_HEADER, is_loopback
 
 
 async def serve(trace: str, *, host: str, port: int, log_dir: str | None = None, **options: Any) -> int:
@@ -35,8 +36,10 @@ async def serve_until_signalled(server: BenchServer, host: str, banner: Callable
     faults = server.context.faults
     print(banner(url), flush=True)
     print(f"fault plan {faults.plan.name!r}: {len(faults.plan.rules)} rules, seed {faults.plan.seed}", flush=True)
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(host):
         print(f"warning: bound to {host}, reachable beyond this machine", file=sys.stderr, flush=True)
+    if server.control_token is not None:
+        print(f"control token for /bench/*: {server.control_token} (send it as {CONTROL_HEADER})", flush=True)
     try:
         await stop.wait()
     finally:
