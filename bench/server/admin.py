@@ -6,7 +6,6 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from . import wire
@@ -16,17 +15,46 @@ FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When th
            "requests, the operation will not be performed.)\n")
 
 
+_KINDS: dict[str, tuple[tuple[type, ...], str, str]] = {
+    "str": ((str,), "string_type", "Input should be a valid string"),
+    "bool": ((bool,), "bool_type", "Input should be a valid boolean"),
+    "list": ((list,), "list_type", "Input should be a valid list"),
+    "int": ((int,), "int_type", "Input should be a valid integer"),
+}
+
+
+def _schema_error(kind: str, location: tuple[Any, ...], message: str, value: Any) -> web.HTTPBadRequest:
+    """A body of the wrong shape: FastAPI's validation error as SGLang remaps it (400, the pydantic detail)."""
+    detail = [{"type": kind, "loc": ("body", *location), "msg": message, "input": value}]
+    return web.HTTPBadRequest(text=wire.dumps({"object": "error", "message": repr(detail), "type": "Bad Request",
+                                               "param": None, "code": 400}).decode(), content_type=wire.JSON)
+
+
 async def _json_body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     if not raw.strip():
         return {}
     try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        raise web.HTTPBadRequest(text=wire.dumps({"object": "error", "message": "JSON decode error",
-                                                  "type": "Bad Request", "param": None, "code": 400}).decode(),
-                                 content_type=wire.JSON) from None
-    return body if isinstance(body, dict) else {}
+        body = wire.decode_json(raw)
+    except wire.NotJson:
+        raise _schema_error("json_invalid", (0,), "JSON decode error", {}) from None
+    if not isinstance(body, dict):
+        raise _schema_error("model_attributes_type", (), "Input should be a valid dictionary or object to extract "
+                            "fields from", body)
+    return body
+
+
+def _field(body: dict[str, Any], key: str, kind: str, default: Any = None, *, required: bool = False) -> Any:
+    """`body[key]` checked as the engine's request model checks it; `default` when absent (or null, if optional)."""
+    if key not in body or (body[key] is None and not required):
+        if required:
+            raise _schema_error("missing", (key,), "Field required", body)
+        return default
+    value = body[key]
+    kinds, code, message = _KINDS[kind]
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise _schema_error(code, (key,), message, value)
+    return value
 
 
 async def health(request: web.Request) -> web.Response:
@@ -75,9 +103,10 @@ async def get_weight_version(request: web.Request) -> web.Response:
 async def update_weight_version(request: web.Request) -> web.Response:
     ctx = context_of(request)
     body = await _json_body(request)
-    new = str(body.get("new_version", ""))
+    new = _field(body, "new_version", "str", required=True)
+    abort_all = _field(body, "abort_all_requests", "bool", True)
     ctx.weight_update(request.path)
-    if body.get("abort_all_requests", True):
+    if abort_all:
         ctx.state.abort(abort_all=True)
     ctx.state.weight_version = new
     return wire.json_response({"success": True, "message": f"Weight version updated to {new}", "new_version": new})
@@ -86,11 +115,14 @@ async def update_weight_version(request: web.Request) -> web.Response:
 async def _update_weights(request: web.Request, message: str, extra: dict[str, Any]) -> web.Response:
     ctx = context_of(request)
     body = await _json_body(request)
+    abort_all = _field(body, "abort_all_requests", "bool", False)
+    version = _field(body, "weight_version", "str")
+    _field(body, "model_path", "str")
     ctx.weight_update(request.path)
-    if body.get("abort_all_requests", False):
+    if abort_all:
         ctx.state.abort(abort_all=True)
-    if body.get("weight_version") is not None:
-        ctx.state.weight_version = str(body["weight_version"])
+    if version is not None:
+        ctx.state.weight_version = version
     return wire.json_response({"success": True, "message": message} | extra)
 
 
@@ -122,8 +154,8 @@ async def flush_cache(request: web.Request) -> web.Response:
 async def abort_request(request: web.Request) -> web.Response:
     ctx = context_of(request)
     body = await _json_body(request)
-    rid = body.get("rid")
-    ctx.state.abort(rid if isinstance(rid, str) and rid else None, abort_all=bool(body.get("abort_all", False)))
+    rid = _field(body, "rid", "str", "")
+    ctx.state.abort(rid or None, abort_all=_field(body, "abort_all", "bool", False))
     return web.Response(status=200)
 
 
@@ -179,10 +211,18 @@ async def models(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     ctx = context_of(request)
     body = await _json_body(request)
-    if "messages" in body:
-        text = ctx.tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
+    messages = _field(body, "messages", "list")
+    if messages is not None:
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise _schema_error("model_type", ("messages",), "Input should be a list of chat messages with a role",
+                                messages)
+        try:
+            text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except Exception as error:  # the template failed on the client's message shape: its error, not ours
+            return wire.json_response({"error": {"message": f"Chat template error: {error}", "type": "BadRequestError",
+                                                 "param": None, "code": 400}}, 400)
     else:
-        text = str(body.get("prompt", ""))
+        text = _field(body, "prompt", "str", required=True)
     tokens = ctx.tokenizer.encode(text)
     return wire.json_response({"tokens": tokens, "count": len(tokens), "max_model_len": ctx.config.context_length})
 
@@ -190,7 +230,15 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     ctx = context_of(request)
     body = await _json_body(request)
-    return wire.json_response({"text": ctx.tokenizer.decode(body.get("tokens") or [])})
+    tokens = _field(body, "tokens", "list", required=True)
+    for index, token in enumerate(tokens):
+        if not isinstance(token, int) or isinstance(token, bool):
+            raise _schema_error("int_type", ("tokens", index), "Input should be a valid integer", token)
+    outside = [t for t in tokens if not 0 <= t < ctx.tokenizer.vocab_size]
+    if outside:  # vLLM's wording for an id its tokenizer does not have
+        return wire.json_response({"error": {"message": f"Token id {max(outside)} is out of vocabulary",
+                                             "type": "BadRequestError", "param": None, "code": 400}}, 400)
+    return wire.json_response({"text": ctx.tokenizer.decode(tokens)})
 
 
 def add_admin_routes(app: web.Application) -> None:

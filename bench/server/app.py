@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from bench.records.request_log import RequestLog, RequestRecord
 from bench.replay import TraceStore
@@ -18,7 +19,7 @@ from bench.trace import TokenizerInfo
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan, resolve_plan
 
-from . import native
+from . import native, wire
 from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
@@ -30,24 +31,46 @@ from .served import add_served_headers
 
 @web.middleware
 async def log_admin_requests(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Log requests outside the generation routes (those log themselves, with their identity)."""
-    if request.path in GENERATION_ROUTES:
-        return await handler(request)
+    """Log requests outside the generation routes (those log themselves, with their identity), and answer what no
+    route takes or no body reading survives as the engines' FastAPI does: a JSON error, never a text page or a 500."""
+    if request.path in GENERATION_ROUTES and request.match_info.http_exception is None:
+        try:
+            return await handler(request)
+        except RequestPayloadError as error:  # raised reading the body, before the route logged anything
+            record = RequestRecord(started=time.time(), endpoint=request.path, status=400,
+                                   error=f"unreadable body: {error}")
+            request.app[CONTEXT_KEY].log.append(record)
+            return _unreadable_body(error)
     arrived = time.time()
     record = RequestRecord(started=arrived, endpoint=request.path)
     request.app[CONTEXT_KEY].log.append(record)
     try:
         response = await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as error:
+        record.status = error.status
+        headers = {"Allow": error.headers["Allow"]} if "Allow" in error.headers else None
+        return wire.json_response({"detail": error.reason}, error.status, headers=headers)
     except web.HTTPException as error:
         record.status = error.status
         raise
+    except RequestPayloadError as error:
+        record.status, record.error = 400, f"unreadable body: {error}"
+        return _unreadable_body(error)
     except asyncio.CancelledError:
         record.client_disconnected = True
+        raise
+    except Exception as error:  # a bug: the log says so, and aiohttp still answers 500 with the traceback logged
+        record.status, record.error = 500, f"{type(error).__name__}: {error}"
         raise
     finally:
         record.latency_s = round(time.time() - arrived, 6)
     record.status = response.status
     return response
+
+
+def _unreadable_body(error: Exception) -> web.Response:
+    """A body that cannot be read (a bad `Content-Encoding`, a broken chunked stream): 400, in FastAPI's shape."""
+    return wire.json_response({"detail": f"There was an error parsing the body: {error}"}, 400)
 
 
 def create_app(ctx: ServerContext, control_token: str | None = None) -> web.Application:

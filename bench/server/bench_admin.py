@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from faults import FaultError, Plan, PlanError, plan_from_specs
@@ -53,8 +52,8 @@ def _plan_from_body(body: Any) -> Plan:
 
 async def put_plan(request: web.Request) -> web.Response:
     try:
-        plan = _plan_from_body(msgspec.json.decode(await request.read()))
-    except msgspec.DecodeError:
+        plan = _plan_from_body(wire.decode_json(await request.read()))
+    except wire.NotJson:
         return wire.json_response({"error": "request body is not JSON"}, 400)
     except (PlanError, FaultError) as error:
         return wire.json_response({"error": str(error)}, 400)

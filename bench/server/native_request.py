@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from bench.replay import GenerateParams
@@ -88,8 +87,8 @@ def _expect(value: Any, kinds: tuple[type, ...], location: tuple[Any, ...], name
 
 def decode_body(raw: bytes) -> dict[str, Any]:
     try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as error:
+        body = wire.decode_json(raw)
+    except wire.NotJson as error:
         raise _pydantic_error("json_invalid", (0,), "JSON decode error", {}) from error
     if not isinstance(body, dict):
         raise _pydantic_error("model_attributes_type", (), "Input should be a valid dictionary or object to "

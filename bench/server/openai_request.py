@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import msgspec
-
 from bench.replay import GenerateParams
 from bench.tokenizer import ByteBPETokenizer
+
+from . import wire
 
 SCHEMA = "Bad Request"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # vLLM's and SGLang's CompletionRequest / SamplingParams default
@@ -81,8 +81,8 @@ def _schema(kind: str, location: tuple[Any, ...], message: str, value: Any) -> B
 
 def decode_body(raw: bytes) -> dict[str, Any]:
     try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+        body = wire.decode_json(raw)
+    except wire.NotJson:
         raise _schema("json_invalid", (0,), "JSON decode error", {}) from None
     if not isinstance(body, dict):
         raise _schema("model_attributes_type", (), "Input should be a valid dictionary or object to extract "

@@ -11,7 +11,6 @@ import random
 import uuid
 from typing import Awaitable, Callable
 
-import msgspec
 from aiohttp import web
 
 from faults.catalogue.router_no_workers import no_workers_answer, router_request_id
@@ -44,7 +43,10 @@ async def readiness(request: web.Request) -> web.Response:
 
 async def set_workers(request: web.Request) -> web.Response:
     """Bench control: make the router surface lose (or regain) its only worker."""
-    body = msgspec.json.decode(await request.read() or b"{}")
+    try:
+        body = wire.decode_json(await request.read() or b"{}")
+    except wire.NotJson as error:
+        return wire.json_response({"error": f"request body is not JSON: {error}"}, 400)
     if not isinstance(body, dict) or not isinstance(body.get("available"), bool):
         return wire.json_response({"error": 'expected {"available": true|false}'}, 400)
     context_of(request).state.workers_available = body["available"]

@@ -35,6 +35,18 @@ def fresh_id() -> str:
     return f"{_IDS.getrandbits(128) & _V4_CLEAR | _V4_SET:032x}"
 
 
+class NotJson(ValueError):
+    """A body that is not JSON: malformed, not UTF-8, or nested deeper than the decoder goes (about 1,000 levels)."""
+
+
+def decode_json(raw: bytes) -> Any:
+    """A request body as JSON, every way of not being JSON told as `NotJson` (never a traceback, never a 500)."""
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise NotJson(str(error)) from None
+
+
 def dumps(obj: Any) -> bytes:
     """Compact JSON, keys in insertion order (SGLang's serialization)."""
     return _encode(obj)

@@ -1,0 +1,73 @@
+"""Bad requests to every route but /generate's own checks (tests/test_server_malformed.py): each gets a 4xx JSON
+error in the engines' shape and a request-log row, never a 500 page or a traceback; the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pytest
+
+from bench.server import ServerThread
+from tests.server_helpers import request
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerThread]:
+    with ServerThread("rlvr-500") as running:
+        yield running
+
+
+DEEP = b"[" * 5000 + b"]" * 5000
+CASES = [  # (name, method, path, raw body, extra headers, status, a piece of the JSON answer)
+    ("generate: not UTF-8", "POST", "/generate", b'{"text": "\xff\xfe"}', {}, 400, "json_invalid"),
+    ("generate: nested 5,000 deep", "POST", "/generate", DEEP, {}, 400, "json_invalid"),
+    ("generate: a gzip body that is not gzip", "POST", "/generate", b"plain", {"Content-Encoding": "gzip"}, 400,
+     "error parsing the body"),
+    ("generate: DELETE", "DELETE", "/generate", b"", {}, 405, "Method Not Allowed"),
+    ("chat: not UTF-8", "POST", "/v1/chat/completions", b'{"messages": "\xff"}', {}, 400, "json_invalid"),
+    ("chat: nested 5,000 deep", "POST", "/v1/chat/completions", DEEP, {}, 400, "json_invalid"),
+    ("completions: not UTF-8", "POST", "/v1/completions", b"\xff", {}, 400, "json_invalid"),
+    ("tokenize: a list", "POST", "/tokenize", b"[1]", {}, 400, "model_attributes_type"),
+    ("tokenize: no prompt", "POST", "/tokenize", b'{"text": 5}', {}, 400, "missing"),
+    ("tokenize: prompt a number", "POST", "/v1/tokenize", b'{"prompt": 5}', {}, 400, "string_type"),
+    ("tokenize: messages without roles", "POST", "/tokenize", b'{"messages": [1]}', {}, 400, "model_type"),
+    ("detokenize: tokens a string", "POST", "/detokenize", b'{"tokens": "x"}', {}, 400, "list_type"),
+    ("detokenize: a token not an int", "POST", "/detokenize", b'{"tokens": [1, "x"]}', {}, 400, "int_type"),
+    ("detokenize: past the vocabulary", "POST", "/v1/detokenize", b'{"tokens": [1099511627776]}', {}, 400,
+     "Token id 1099511627776 is out of vocabulary"),
+    ("detokenize: negative", "POST", "/detokenize", b'{"tokens": [-1]}', {}, 400, "out of vocabulary"),
+    ("update_weight_version: no version", "POST", "/update_weight_version", b"{}", {}, 400, "missing"),
+    ("update_weight_version: a list", "POST", "/update_weight_version", b'{"new_version": [1]}', {}, 400,
+     "string_type"),
+    ("update_weights_from_disk: a list", "POST", "/update_weights_from_disk", b"[]", {}, 400, "model_attributes_type"),
+    ("update_weights_from_disk: abort flag a string", "POST", "/update_weights_from_disk",
+     b'{"model_path": "m", "abort_all_requests": "yes"}', {}, 400, "bool_type"),
+    ("abort_request: a list", "POST", "/abort_request", b"[]", {}, 400, "model_attributes_type"),
+    ("abort_request: rid a number", "POST", "/abort_request", b'{"rid": 5}', {}, 400, "string_type"),
+    ("bench/workers: not JSON", "POST", "/bench/workers", b"\xff", {}, 400, "not JSON"),
+    ("bench/plan: nested 5,000 deep", "PUT", "/bench/plan", DEEP, {}, 400, "not JSON"),
+    ("an unknown path", "GET", "/nope", b"", {}, 404, "Not Found"),
+    ("a method no route takes", "PATCH", "/health", b"", {}, 405, "Method Not Allowed"),
+]
+
+
+@pytest.mark.parametrize("name, method, path, raw, headers, status, piece", CASES, ids=[c[0] for c in CASES])
+def test_a_bad_request_gets_a_json_error_and_a_log_row(server: ServerThread, name: str, method: str, path: str,
+                                                       raw: bytes, headers: dict[str, str], status: int,
+                                                       piece: str) -> None:
+    before = len(server.context.log)
+    reply = request(server.url, path, method=method, raw=raw, headers=headers)
+    assert reply.status == status, reply.raw[:300]
+    assert reply.headers["content-type"].startswith("application/json")
+    assert piece in json.dumps(reply.json())
+    rows = server.context.log.records[before:]
+    assert [(r.endpoint, r.status) for r in rows] == [(path, status)]
+    assert request(server.url, "/health", method="GET").status == 200
+
+
+def test_a_good_tokenize_and_detokenize_round_trip(server: ServerThread) -> None:
+    tokens = request(server.url, "/tokenize", {"prompt": "The answer is 4."}).json()["tokens"]
+    assert tokens and request(server.url, "/detokenize", {"tokens": tokens}).json() == {"text": "The answer is 4."}
+    chat = request(server.url, "/v1/tokenize", {"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["count"] == len(chat["tokens"]) > 2
