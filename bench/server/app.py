@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Collection
@@ -10,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_protocol import RequestPayloadError
+from aiohttp.web_request import BaseRequest
 
 from bench.records.request_log import RequestLog, RequestRecord
 from bench.replay import TraceStore
@@ -29,10 +32,37 @@ from .router import GENERATION_ROUTES, add_router_routes
 from .served import add_served_headers
 
 
+ROUTED_KEY = web.RequestKey("rollout_bench_routed", bool)  # set on every request the app routes
+PARSER_REFUSALS = logging.getLogger("rollout_bench.parser_refusals")  # handed to aiohttp, never written to
+
+
+def parser_refusal_logger(ctx: ServerContext) -> type[AbstractAccessLogger]:
+    """An access logger that logs only what never reached the app: requests aiohttp's HTTP parser refused and
+    answered itself (a body that does not decode under its Content-Encoding, a malformed head), which arrive here
+    and nowhere else. Everything routed is logged by the middleware or by its route."""
+
+    class RefusedByParser(AbstractAccessLogger):
+        def log(self, request: BaseRequest, response: web.StreamResponse, time: float) -> None:
+            if request.get(ROUTED_KEY):
+                return
+            answer = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else b""
+            ctx.log.append(RequestRecord(
+                started=round(_now() - time, 6), endpoint=request.path if request.method != "UNKNOWN" else "(unparsed)",
+                status=response.status, latency_s=round(time, 6),
+                error=f"refused by the HTTP parser: {answer.decode('utf-8', 'replace').strip()[:200]}"))
+
+    return RefusedByParser
+
+
+def _now() -> float:
+    return time.time()
+
+
 @web.middleware
 async def log_admin_requests(request: web.Request, handler: Any) -> web.StreamResponse:
     """Log requests outside the generation routes (those log themselves, with their identity), and answer what no
     route takes or no body reading survives as the engines' FastAPI does: a JSON error, never a text page or a 500."""
+    request[ROUTED_KEY] = True
     if request.path in GENERATION_ROUTES and request.match_info.http_exception is None:
         try:
             return await handler(request)
@@ -169,7 +199,8 @@ class BenchServer:
 
     async def start(self) -> str:
         self._runner = web.AppRunner(create_app(self.context, self.control_token), handler_cancellation=True,
-                                     access_log=None)
+                                     access_log=PARSER_REFUSALS,
+                                     access_log_class=parser_refusal_logger(self.context))
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

@@ -46,7 +46,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except Rejected as rejected:
         if ctx.upstream is not None:  # the engine judges what the bench's parser does not know
             return await _pass_through(ctx, request, arrived, "rejected body")
-        _log_rejection(ctx, request, arrived, rejected.response.status, "rejected body")
+        _log_rejection(ctx, request, arrived, rejected.response.status, rejected.why or "rejected body")
         return rejected.response
     except ValueRejected as error:
         if ctx.upstream is not None:

@@ -32,9 +32,10 @@ _INT_KEYS = {"max_new_tokens": "u32", "top_k": "i32", "min_new_tokens": "u32", "
 class Rejected(Exception):
     """The request is answered with `response` before any generation."""
 
-    def __init__(self, response: web.Response) -> None:
+    def __init__(self, response: web.Response, why: str | None = None) -> None:
         super().__init__(response.status)
         self.response = response
+        self.why = why  # for the request log, when the status alone would mislead (an engine-faithful 500)
 
 
 class ValueRejected(Exception):
@@ -142,13 +143,15 @@ def _check_sampling(sampling: dict[str, Any], profile: SglangProfile) -> None:
             if profile.schema_precheck:
                 expected = ", ".join(f"`{k}`" for k in SAMPLING_KEYS)
                 raise Rejected(wire.schema_error(f"unknown field `{key}`, expected one of {expected}"))
-            raise Rejected(wire.internal_error())  # SamplingParams(**params) raises TypeError
+            raise Rejected(wire.internal_error(), f"as SGLang {profile.version}: unknown sampling key {key!r} makes "
+                           "SamplingParams(**params) raise TypeError, answered 500")
         numeric = key in _FLOAT_KEYS or key in _INT_KEYS
         if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             if profile.schema_precheck:
                 expected = "f32" if key in _FLOAT_KEYS else _INT_KEYS[key]
                 raise Rejected(wire.schema_error(f"invalid type: {_serde_kind(value)}, expected {expected}"))
-            raise Rejected(wire.internal_error())  # comparisons in verify() raise TypeError
+            raise Rejected(wire.internal_error(), f"as SGLang {profile.version}: {key}={value!r} makes "
+                           "SamplingParams.verify() raise TypeError, answered 500")
     temperature = sampling.get("temperature", 1.0)
     if temperature is not None and (temperature < 0 or not math.isfinite(temperature)):
         raise ValueRejected(f"temperature must be a non-negative finite number, got {temperature}.")
