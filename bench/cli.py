@@ -170,6 +170,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.target:
             options["target"] = args.target  # the same failure against another variant: your fix
         config = load_repro(args.repro, **options).config
+        from bench.orchestration.trust import check_repro
+
+        for line in check_repro(None if args.target else config.target,  # given on this command line: the user's
+                                None if args.python else config.python, trust=args.trust_plugin):
+            print(line, flush=True)
         config.target_options = {**config.target_options, **target_options}
         if bounds:
             config.bounds = dataclasses.replace(config.bounds, **bounds)
@@ -544,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--junit", help="also write the JUnit XML here")
     run.add_argument("--repro", help="rerun a repro file (repro*.toml, or run.toml: the whole run) with every input "
                      "it recorded; options given here override it")
+    run.add_argument("--trust-plugin", action="store_true",
+                     help="with --repro: run the target module or interpreter the file names even when it is outside "
+                     "this project and the bench (a repro from another machine's CI artifact)")
     run.add_argument("--repro-reruns", type=int, default=12, metavar="N",
                      help="after a failing run, rerun each failure at most N times to verify and shrink its repro "
                           "(default 12; 0: write no repro, only run.toml)")
