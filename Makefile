@@ -12,7 +12,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check --quiet
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test targets slime-env open-instruct-env prime-rl-env traces tokenizer clean bench
+.PHONY: demo test targets slime-env open-instruct-env prime-rl-env traces tokenizer clean bench soak
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollout-bench needs Python 3.11+"'
@@ -42,6 +42,11 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python -m benchmarks.record_latency
 	$(BIN)/python -m benchmarks.trace_loading
 	$(BIN)/python -m benchmarks.tokenizer_speed
+
+# 30 minutes of mixed traffic under the chaos plan: memory, descriptors, determinism (README "Soak"); not in `test`.
+SOAK_MINUTES ?= 30
+soak: $(VENV)/.installed-test
+	$(BIN)/python -m benchmarks.soak --minutes $(SOAK_MINUTES)
 
 # Real targets live in their own environments (heavy, conflicting pins; never the bench's .venv).
 # torch is the local CPU wheel, installed first so nothing can pull a CUDA build; a check refuses one anyway.
