@@ -60,7 +60,35 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                              sglang_version=args.sglang_version, time_scale=args.time_scale,
                              router_version=args.router_version, openai_flavor=args.openai_flavor,
                              incremental_streaming=args.incremental_streaming_output, tokenizer_dir=args.tokenizer,
-                             control_token=args.control_token))
+                             control_token=args.control_token, limits=_limits(args)))
+
+
+def _limit_arguments(parser: argparse.ArgumentParser) -> None:
+    from bench.server.limits import Limits
+
+    parser.add_argument("--max-body-mb", type=float, default=Limits.max_body_mb,
+                        help=f"largest request body accepted, in MB (413 beyond; default {Limits.max_body_mb:g})")
+    parser.add_argument("--head-timeout", type=float, default=Limits.head_timeout_s, metavar="S",
+                        help="seconds a request head (or an idle keep-alive connection) may take before the connection "
+                        f"is closed (default {Limits.head_timeout_s:g})")
+    parser.add_argument("--body-timeout", type=float, default=Limits.body_timeout_s, metavar="S",
+                        help=f"seconds a request body may take once its head is in (408 beyond; default "
+                        f"{Limits.body_timeout_s:g})")
+    parser.add_argument("--max-connections", type=int, default=Limits.max_connections,
+                        help=f"open connections at once; more are closed as they arrive (default {Limits.max_connections})")
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from bench.server.limits import Limits
+
+    try:
+        return Limits(args.max_body_mb, args.head_timeout, args.body_timeout, args.max_connections)
+    except ValueError as error:  # the field's name, as the option a user typed
+        message = str(error)
+        for field, option in (("max_body_mb", "--max-body-mb"), ("head_timeout_s", "--head-timeout"),
+                              ("body_timeout_s", "--body-timeout"), ("max_connections", "--max-connections")):
+            message = message.replace(field, option)
+        raise ValueError(message) from None
 
 
 def _control_token_argument(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +107,7 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
     return asyncio.run(proxy(args.upstream, host=args.host, port=args.port, log_dir=args.log_dir, plan=plan,
                              trace=args.trace, tokenizer_dir=args.tokenizer, context_length=args.context_length,
                              sglang_version=args.sglang_version, router_version=args.router_version,
-                             control_token=args.control_token, **options))
+                             control_token=args.control_token, limits=_limits(args), **options))
 
 
 def _cmd_record(args: argparse.Namespace) -> int:
@@ -460,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "recording of a real model): a local Hugging Face tokenizer folder")
     serve.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
     _control_token_argument(serve)
+    _limit_arguments(serve)
     serve.set_defaults(run=_cmd_serve)
 
     proxy = sub.add_parser("proxy", help="the fault engine in front of a live SGLang / vLLM server or router")
@@ -483,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="shape of the OpenAI-compatible answers (default: the upstream's, from /v1/models)")
     proxy.add_argument("--log-dir", help="write the request log and fault log (CSV) here on shutdown")
     _control_token_argument(proxy)
+    _limit_arguments(proxy)
     proxy.set_defaults(run=_cmd_proxy)
 
     record = sub.add_parser("record", help="a reverse proxy in front of SGLang / vLLM / a router that forwards "

@@ -3,110 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
-import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
-from aiohttp.web_protocol import RequestPayloadError
-from aiohttp.web_request import BaseRequest
 
-from bench.records.request_log import RequestLog, RequestRecord
+from bench.records.request_log import RequestLog
 from bench.replay import TraceStore
 from bench.tokenizer import TOKENIZER_NAME, load_tokenizer, tokenizer_path
 from bench.trace import TokenizerInfo
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan, resolve_plan
 
-from . import native, wire
+from . import native
 from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
 from .control import CONTROL_TOKEN_KEY, control_token_for, require_control_token
+from .http_guard import LIMITS_KEY, PARSER_REFUSALS, GuardedSite, parser_refusal_logger, read_and_log
+from .limits import Limits
 from .profiles import DEFAULT_PROFILE, get_profile
-from .router import GENERATION_ROUTES, add_router_routes
+from .router import add_router_routes
 from .served import add_served_headers
 
 
-ROUTED_KEY = web.RequestKey("rollout_bench_routed", bool)  # set on every request the app routes
-PARSER_REFUSALS = logging.getLogger("rollout_bench.parser_refusals")  # handed to aiohttp, never written to
-
-
-def parser_refusal_logger(ctx: ServerContext) -> type[AbstractAccessLogger]:
-    """An access logger that logs only what never reached the app: requests aiohttp's HTTP parser refused and
-    answered itself (a body that does not decode under its Content-Encoding, a malformed head), which arrive here
-    and nowhere else. Everything routed is logged by the middleware or by its route."""
-
-    class RefusedByParser(AbstractAccessLogger):
-        def log(self, request: BaseRequest, response: web.StreamResponse, time: float) -> None:
-            if request.get(ROUTED_KEY):
-                return
-            answer = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else b""
-            ctx.log.append(RequestRecord(
-                started=round(_now() - time, 6), endpoint=request.path if request.method != "UNKNOWN" else "(unparsed)",
-                status=response.status, latency_s=round(time, 6),
-                error=f"refused by the HTTP parser: {answer.decode('utf-8', 'replace').strip()[:200]}"))
-
-    return RefusedByParser
-
-
-def _now() -> float:
-    return time.time()
-
-
-@web.middleware
-async def log_admin_requests(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Log requests outside the generation routes (those log themselves, with their identity), and answer what no
-    route takes or no body reading survives as the engines' FastAPI does: a JSON error, never a text page or a 500."""
-    request[ROUTED_KEY] = True
-    if request.path in GENERATION_ROUTES and request.match_info.http_exception is None:
-        try:
-            return await handler(request)
-        except RequestPayloadError as error:  # raised reading the body, before the route logged anything
-            record = RequestRecord(started=time.time(), endpoint=request.path, status=400,
-                                   error=f"unreadable body: {error}")
-            request.app[CONTEXT_KEY].log.append(record)
-            return _unreadable_body(error)
-    arrived = time.time()
-    record = RequestRecord(started=arrived, endpoint=request.path)
-    request.app[CONTEXT_KEY].log.append(record)
-    try:
-        response = await handler(request)
-    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as error:
-        record.status = error.status
-        headers = {"Allow": error.headers["Allow"]} if "Allow" in error.headers else None
-        return wire.json_response({"detail": error.reason}, error.status, headers=headers)
-    except web.HTTPException as error:
-        record.status = error.status
-        raise
-    except RequestPayloadError as error:
-        record.status, record.error = 400, f"unreadable body: {error}"
-        return _unreadable_body(error)
-    except asyncio.CancelledError:
-        record.client_disconnected = True
-        raise
-    except Exception as error:  # a bug: the log says so, and aiohttp still answers 500 with the traceback logged
-        record.status, record.error = 500, f"{type(error).__name__}: {error}"
-        raise
-    finally:
-        record.latency_s = round(time.time() - arrived, 6)
-    record.status = response.status
-    return response
-
-
-def _unreadable_body(error: Exception) -> web.Response:
-    """A body that cannot be read (a bad `Content-Encoding`, a broken chunked stream): 400, in FastAPI's shape."""
-    return wire.json_response({"detail": f"There was an error parsing the body: {error}"}, 400)
-
-
-def create_app(ctx: ServerContext, control_token: str | None = None) -> web.Application:
+def create_app(ctx: ServerContext, control_token: str | None = None, limits: Limits = Limits()) -> web.Application:
     """The server's routes; with a `control_token`, `/bench/*` refuses requests without it (logged all the same)."""
-    app = web.Application(client_max_size=512 * 2**20, middlewares=[log_admin_requests, require_control_token])
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[read_and_log, require_control_token])
     app[CONTEXT_KEY] = ctx
+    app[LIMITS_KEY] = limits
     if control_token is not None:
         app[CONTROL_TOKEN_KEY] = control_token
     app.on_response_prepare.append(add_served_headers)
@@ -183,11 +110,14 @@ class BenchServer:
     `/bench/*` requires `control_token` (generated when not given: `server.control_token`)."""
 
     def __init__(self, trace: str | Path = DEFAULT_TRACE, *, host: str = "127.0.0.1", port: int = 0,
-                 context: ServerContext | None = None, control_token: str | None = None, **options: Any) -> None:
+                 context: ServerContext | None = None, control_token: str | None = None, limits: Limits | None = None,
+                 **options: Any) -> None:
         self.control_token = control_token_for(host, control_token)
+        self.limits = limits or Limits()
         self.context = context or load_context(trace, **options)
         self.host, self.port = host, port
         self._runner: web.AppRunner | None = None
+        self.site: GuardedSite | None = None
 
     @property
     def url(self) -> str:
@@ -198,12 +128,12 @@ class BenchServer:
         return self.context.log
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(create_app(self.context, self.control_token), handler_cancellation=True,
-                                     access_log=PARSER_REFUSALS,
-                                     access_log_class=parser_refusal_logger(self.context))
+        self._runner = web.AppRunner(create_app(self.context, self.control_token, self.limits),
+                                     handler_cancellation=True, keepalive_timeout=self.limits.head_timeout_s,
+                                     access_log=PARSER_REFUSALS, access_log_class=parser_refusal_logger(self.context))
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        self.site = GuardedSite(self._runner, self.host, self.port, self.limits.max_connections)
+        await self.site.start()
         host, port = self._runner.addresses[0][:2]
         self.port = port
         self.context.url = f"http://{host}:{port}"

@@ -97,9 +97,9 @@ async def proxy(upstream: str, *, host: str, port: int, log_dir: str | None = No
     from .app import BenchServer
     from .serve import serve_until_signalled
 
-    control_token = options.pop("control_token", None)
+    control_token, limits = options.pop("control_token", None), options.pop("limits", None)
     server = BenchServer(context=load_upstream_context(upstream, **options), host=host, port=port,
-                         control_token=control_token)
+                         control_token=control_token, limits=limits)
 
     def banner(url: str) -> str:
         ctx = server.context

@@ -1,0 +1,126 @@
+"""Between the socket and the routes: every request is read within its limits and logged, whatever becomes of it.
+
+- The body is read here, first, within `Limits.body_timeout_s` and `Limits.max_body_mb`: a body too slow (408), too
+  big (413) or unreadable (a `Content-Encoding` it does not decode: 400) is answered in FastAPI's JSON shape with a
+  request-log row, and routes read the cached bytes.
+- Requests outside the generation routes are logged here (those log themselves, with their identity); what no route
+  takes is FastAPI's 404/405 JSON.
+- What aiohttp's own HTTP parser refuses never reaches the app: an access logger logs those rows.
+- `GuardedSite` listens with a connection limit; aiohttp's keep-alive timeout closes a head that never completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_protocol import RequestPayloadError
+from aiohttp.web_request import BaseRequest
+
+from bench.records.request_log import RequestRecord
+
+from . import wire
+from .context import CONTEXT_KEY, ServerContext
+from .limits import ConnectionGuard, Limits
+from .router import GENERATION_ROUTES
+
+LIMITS_KEY = web.AppKey("limits", Limits)
+ROUTED_KEY = web.RequestKey("rollout_bench_routed", bool)  # set on every request the app routes
+PARSER_REFUSALS = logging.getLogger("rollout_bench.parser_refusals")  # handed to aiohttp, never written to
+
+
+def parser_refusal_logger(ctx: ServerContext) -> type[AbstractAccessLogger]:
+    """An access logger that logs only what never reached the app: requests aiohttp's HTTP parser refused and
+    answered itself (a body that does not decode under its Content-Encoding, a malformed head)."""
+
+    class RefusedByParser(AbstractAccessLogger):
+        def log(self, request: BaseRequest, response: web.StreamResponse, time_s: float) -> None:
+            if request.get(ROUTED_KEY):
+                return
+            answer = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else b""
+            ctx.log.append(RequestRecord(
+                started=round(time.time() - time_s, 6),
+                endpoint=request.path if request.method != "UNKNOWN" else "(unparsed)", status=response.status,
+                latency_s=round(time_s, 6),
+                error=f"refused by the HTTP parser: {answer.decode('utf-8', 'replace').strip()[:200]}"))
+
+    return RefusedByParser
+
+
+@web.middleware
+async def read_and_log(request: web.Request, handler: Any) -> web.StreamResponse:
+    request[ROUTED_KEY] = True
+    arrived = time.time()
+    if request.body_exists:
+        refusal = await _read_body(request)
+        if refusal is not None:
+            status, error, response = refusal
+            request.app[CONTEXT_KEY].log.append(RequestRecord(started=arrived, endpoint=request.path, status=status,
+                                                              error=error, latency_s=round(time.time() - arrived, 6)))
+            return response
+    if request.path in GENERATION_ROUTES and request.match_info.http_exception is None:
+        return await handler(request)
+    record = RequestRecord(started=arrived, endpoint=request.path)
+    request.app[CONTEXT_KEY].log.append(record)
+    try:
+        response = await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as error:
+        record.status = error.status
+        headers = {"Allow": error.headers["Allow"]} if "Allow" in error.headers else None
+        return wire.json_response({"detail": error.reason}, error.status, headers=headers)
+    except web.HTTPException as error:
+        record.status = error.status
+        raise
+    except asyncio.CancelledError:
+        record.client_disconnected = True
+        raise
+    except Exception as error:  # a bug: the log says so, and aiohttp still answers 500 with the traceback logged
+        record.status, record.error = 500, f"{type(error).__name__}: {error}"
+        raise
+    finally:
+        record.latency_s = round(time.time() - arrived, 6)
+    record.status = response.status
+    return response
+
+
+async def _read_body(request: web.Request) -> tuple[int, str, web.Response] | None:
+    """Read (and cache) the body within the limits; (status, log error, answer) when that fails."""
+    limits = request.app[LIMITS_KEY]
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            await request.read()
+    except TimeoutError:
+        message = f"the request body did not arrive within {limits.body_timeout_s:g} s"
+        return 408, message, wire.json_response({"detail": message}, 408)
+    except web.HTTPRequestEntityTooLarge:
+        message = f"the request body is larger than the server's limit of {limits.max_body_mb:g} MB"
+        return 413, message, wire.json_response({"detail": message}, 413)
+    except RequestPayloadError as error:
+        message = f"There was an error parsing the body: {error}"
+        return 400, f"unreadable body: {error}", wire.json_response({"detail": message}, 400)
+    return None
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP site whose connections pass a `ConnectionGuard` (at most `limit` open at once)."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, limit: int) -> None:
+        super().__init__(runner)
+        self._host, self._port, self._limit = host, port, limit
+        self.guard: ConnectionGuard | None = None
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        self.guard = ConnectionGuard(server, self._limit)
+        self._server = await asyncio.get_running_loop().create_server(self.guard, self._host, self._port,
+                                                                       reuse_address=True)
