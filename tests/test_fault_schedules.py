@@ -33,6 +33,7 @@ from faults import (
     plan_from_specs,
     rule_from_spec,
 )
+from faults.plan import parse_plan, plan_to_toml
 from faults.schedule import ScheduleError
 from tests.server_helpers import turn_input
 
@@ -366,5 +367,24 @@ def test_a_good_plan_file_loads(tmp_path: Path) -> None:
     plan = load_plan(path)
     assert (plan.name, plan.seed, [r.name for r in plan.rules]) == ("broken", 4, ["missing_logprobs#0", "second"])
     schedule = plan.rules[1].schedule
-    assert (schedule.turns, schedule.first, plan.rules[1].fault.describe()) == (
-        frozenset({1, 2, 3}), 1, {"status": 503, "retry_after": 0.0})
+    assert (set(schedule.turns), schedule.first, plan.rules[1].fault.describe()) == (
+        {1, 2, 3}, 1, {"status": 503, "retry_after": 0.0})
+
+
+@pytest.mark.parametrize("text, inside, outside", [("0-3000000000", [0, 5, 3_000_000_000], [3_000_000_001, -1]),
+                                                   ("5-7,1,2,3", [1, 2, 3, 5, 7], [0, 4, 8]),
+                                                   ("[9]", [9], [8, 10])])
+def test_turn_ranges_cost_their_bounds_not_their_length(text: str, inside: list[int], outside: list[int]) -> None:
+    """`turns = "0-3000000"` once built a set of three million (205 MB); ranges are kept as ranges, read back the
+    same, and match exactly their members."""
+    import tracemalloc
+
+    value = text if text.startswith("[") else f'"{text}"'
+    tracemalloc.start()
+    plan = parse_plan(f'[[rules]]\nfault = "latency"\nturns = {value}\n', "ranges.toml")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    turns = plan.rules[0].schedule.turns
+    assert peak < 2**20 and all(t in turns for t in inside) and not any(t in turns for t in outside)
+    again = parse_plan(plan_to_toml(plan), "again.toml")
+    assert again.rules[0].describe() == plan.rules[0].describe()
