@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench import __version__
+from bench.arguments import ArgumentError, int_at_least, non_negative, positive_seconds, share
 from bench.trace.shipped import DEFAULT_TRACE, SHIPPED_TRACES, resolve_trace, shipped_trace
 
 
@@ -124,6 +125,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
+    from bench.arguments import check_invariant_names, check_output_file, check_report_folder
+
+    # every argument and output path is checked before anything starts (a worker, a server, a trace load)
+    out = check_report_folder("--out", args.out or Path("reports") / time.strftime("run-%Y%m%d-%H%M%S"), args.force)
+    if args.junit:
+        check_output_file("--junit", args.junit)
+    invariants = check_invariant_names("--invariants", args.invariants) if args.invariants else None
     from bench.invariants import Bounds
     from bench.orchestration.repro import Budget, load_repro, write_config, write_repros
     from bench.orchestration.runner import DEFAULT_PLAN, RunConfig, run
@@ -135,7 +143,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ("concurrency", args.concurrency), ("time_scale", args.time_scale), ("watchdog_s", args.watchdog),
         ("deadline_s", args.deadline)) if value is not None}
     if args.invariants:
-        options["invariants"] = args.invariants.split(",")
+        options["invariants"] = invariants
     bounds = {key: value for key, value in (("max_weight_lag", args.max_weight_lag),
                                             ("max_requests_per_trajectory", args.max_requests),
                                             ("run_budget_s", args.budget),
@@ -171,7 +179,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config = RunConfig(trace=args.trace, plan=plan, target=args.target or DEFAULT_TARGET, n=args.n,
                            target_options=target_options, bounds=Bounds(**bounds), **options)
     plan = config.plan
-    out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
           f"seed={plan.seed if plan else None}", file=sys.stderr)
     try:
@@ -492,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
     run.add_argument("--target", help=f"NAME[:variant] or module:attr (default {DEFAULT_TARGET}; with --repro: "
                                       "the repro's, or this one, e.g. your fixed variant)")
-    run.add_argument("--n", type=int, help="run only the first N trajectories")
+    run.add_argument("--n", type=int_at_least(1), help="run only the first N trajectories")
     run.add_argument("--python", metavar="PATH", help="run the target in a worker under this interpreter (its own "
                      "virtual environment); default: the target's environment from `make targets`, else this one")
     run.add_argument("--in-process", action="store_true",
@@ -507,32 +514,35 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=("train", "eval"), help="slime/miles: the train or the eval rollout path")
     run.add_argument("--target-option", action="append", metavar="KEY=VALUE", default=[],
                      help="any other option for the target adapter (repeatable; JSON values allowed)")
-    run.add_argument("--concurrency", type=int, help="requests in flight at most (default 64; a repro's own)")
-    run.add_argument("--time-scale", type=float,
+    run.add_argument("--concurrency", type=int_at_least(1), help="requests in flight at most (default 64; a repro's own)")
+    run.add_argument("--time-scale", type=non_negative,
                      help="replay recorded latencies scaled by this (default 0.05: requests overlap as in "
                           "production, a 500-trajectory run takes seconds; with --repro: the repro's own)")
-    run.add_argument("--watchdog", type=float,
+    run.add_argument("--watchdog", type=positive_seconds,
                      help="seconds without progress (a sample finished, or a recorded turn answered for the first "
                           "time) before the run ends as a hang, or a livelock if requests kept coming (30; a "
                           "repro's own)")
-    run.add_argument("--deadline", type=float,
+    run.add_argument("--deadline", type=positive_seconds,
                      help="seconds after which any run ends, start-up included: stacks taken, worker killed, a "
                           "liveness violation (3600; a repro's own)")
     run.add_argument("--invariants", help="comma-separated invariants to check (default all)")
     run.add_argument("--known", metavar="NAME|FILE",
                      help="known findings (a shipped name, e.g. miles, or a TOML file): violations they declare are "
                           "reported with their reason but do not fail the run")
-    run.add_argument("--max-weight-lag", type=int, help="staleness bound in versions (default 1)")
-    run.add_argument("--max-requests", type=int, help="requests per trajectory before a storm (8)")
-    run.add_argument("--budget", type=float, help="liveness budget for the whole run, seconds")
-    run.add_argument("--max-drift-share", type=float,
+    run.add_argument("--max-weight-lag", type=int_at_least(0), help="staleness bound in versions (default 1)")
+    run.add_argument("--max-requests", type=int_at_least(1), help="requests per trajectory before a storm (8)")
+    run.add_argument("--budget", type=positive_seconds, help="liveness budget for the whole run, seconds")
+    run.add_argument("--max-drift-share", type=share,
                      help="replay fidelity: share of requests off the recording above which the run is unfaithful "
                           "(default 0.05)")
     run.add_argument("--out", help="report folder (default reports/run-<time>)")
+    run.add_argument("--force", action="store_true",
+                     help="write the report into an existing non-empty --out folder (files of the same name are "
+                          "replaced); without it such a folder is refused before the run starts")
     run.add_argument("--junit", help="also write the JUnit XML here")
     run.add_argument("--repro", help="rerun a repro file (repro*.toml, or run.toml: the whole run) with every input "
                      "it recorded; options given here override it")
-    run.add_argument("--repro-reruns", type=int, default=12, metavar="N",
+    run.add_argument("--repro-reruns", type=int_at_least(0), default=12, metavar="N",
                      help="after a failing run, rerun each failure at most N times to verify and shrink its repro "
                           "(default 12; 0: write no repro, only run.toml)")
     run.add_argument("--upstream", metavar="URL", help="a live SGLang / vLLM server: the target's requests go "
@@ -572,13 +582,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seeds", required=True, help="plan seeds, comma-separated (each replaces the plan's own)")
     sweep.add_argument("--out", required=True, help="a new or empty folder: runs/<id>/ per run, sweep.csv, sweep.json")
     sweep.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace file or shipped name (default {DEFAULT_TRACE})")
-    sweep.add_argument("--n", type=int, help="run only the first N trajectories of the trace")
+    sweep.add_argument("--n", type=int_at_least(1), help="run only the first N trajectories of the trace")
     sweep.add_argument("--jobs", type=int, help="runs at once (default: the cores this process may use)")
     sweep.add_argument("--timeout", type=float, default=600.0,
                        help="seconds per run before it is killed with its children and recorded as timeout (600)")
-    sweep.add_argument("--time-scale", type=float, default=0.05, help="as for run (default 0.05; 0: fastest)")
-    sweep.add_argument("--concurrency", type=int, default=64, help="as for run (default 64)")
-    sweep.add_argument("--watchdog", type=float, default=30.0, help="as for run (default 30)")
+    sweep.add_argument("--time-scale", type=non_negative, default=0.05, help="as for run (default 0.05; 0: fastest)")
+    sweep.add_argument("--concurrency", type=int_at_least(1), default=64, help="as for run (default 64)")
+    sweep.add_argument("--watchdog", type=positive_seconds, default=30.0, help="as for run (default 30)")
     sweep.add_argument("--known", metavar="NAME|FILE", help="known findings for every run (as for run)")
     sweep.add_argument("--invariants", help="comma-separated invariants to check (default all but vacuity: a rule "
                                             "that never fired at a low rate is data, the fault_events column)")
@@ -630,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and friends
         sys.stdout = open(os.devnull, "w")
         return 0
-    except (TraceFormatError, SynthError, PlanError, FaultError, TargetError, TargetStartError, WarmStartError,
+    except (ArgumentError, TraceFormatError, SynthError, PlanError, FaultError, TargetError, TargetStartError, WarmStartError,
             FileNotFoundError, KeyError, ValueError, OSError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"rollout-bench: error: {message}", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import threading
 import time
 from array import array
@@ -72,6 +73,20 @@ class RunConfig:
             raise ValueError(f"isolation {self.isolation!r} is not one of {', '.join(ISOLATIONS)}")
         if self.python is not None and self.isolation != "process":
             raise ValueError("python= needs isolation='process': another interpreter means another process")
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Values that would make a run meaningless fail here, naming the field, not as a hang after it."""
+        if self.n is not None and self.n < 1:
+            raise ValueError(f"n={self.n}: a run needs at least 1 trajectory")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency={self.concurrency}: needs at least 1 request in flight")
+        for name in ("watchdog_s", "deadline_s", "startup_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name}={value}: needs a finite number of seconds > 0")
+        if not math.isfinite(self.time_scale) or self.time_scale < 0:
+            raise ValueError(f"time_scale={self.time_scale}: needs a finite number >= 0")
 
 
 @dataclass

@@ -11,6 +11,7 @@ What a fault rate does to a plan is `grid`'s docstring.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -63,6 +64,13 @@ class SweepOptions:
             raise SweepError(f"--timeout {self.timeout_s:g}: needs a positive number of seconds")
         if self.n is not None and self.n < 1:
             raise SweepError(f"--n {self.n}: needs at least 1 trajectory")
+        if self.concurrency < 1:
+            raise SweepError(f"--concurrency {self.concurrency}: needs at least 1")
+        if not math.isfinite(self.watchdog_s) or self.watchdog_s <= 0:
+            raise SweepError(f"--watchdog {self.watchdog_s:g}: needs a positive number of seconds")
+        if not math.isfinite(self.timeout_s) or not math.isfinite(self.time_scale) or self.time_scale < 0:
+            raise SweepError(f"--timeout {self.timeout_s:g} / --time-scale {self.time_scale:g}: need finite numbers, "
+                             "the time scale 0 or more")
         unknown = [name for name in self.invariants or () if name not in INVARIANTS]
         if unknown or self.invariants == ():
             raise SweepError(f"--invariants {','.join(self.invariants or ())!r}: unknown or none "
@@ -82,7 +90,8 @@ def run_command(point: GridPoint, plan_file: Path, folder: Path, options: SweepO
     command = [sys.executable, "-m", "bench", "run", "--trace", options.trace, "--plan", str(plan_file),
                "--seed", str(point.seed), "--target", point.target, "--time-scale", f"{options.time_scale:g}",
                "--concurrency", str(options.concurrency), "--watchdog", f"{options.watchdog_s:g}",
-               "--out", str(folder), "--repro-reruns", "1"]  # a grid of failing runs: verify, do not shrink
+               "--out", str(folder), "--force",  # the run's folder already holds its plan.toml and run.log
+               "--repro-reruns", "1"]  # a grid of failing runs: verify, do not shrink
     if options.n is not None:
         command += ["--n", str(options.n)]
     if options.invariants is not None:
