@@ -60,6 +60,10 @@ def load(folder: str | Path) -> dict[str, Any]:
         return load_sweep(folder)
     out: dict[str, Any] = dict(read_tables(folder))
     out["summary"] = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    rows, expected = len(out["trajectories"]), out["summary"].get("trajectories")
+    if isinstance(expected, int) and rows != expected:
+        raise ValueError(f"{folder}: the trajectories table has {rows} rows, summary.json says {expected}: "
+                         "the table was cut off or edited")
     if (folder / SERVED_FILE).exists():
         out["served"] = ServedArrays.load(folder / SERVED_FILE)
     return out
