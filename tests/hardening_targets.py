@@ -39,24 +39,34 @@ class CallsSysExit:
 
 
 class Escapes:
-    """Starts `sleep` children (one in a new session when `setsid`), prints `print_mb` MiB, then hangs."""
+    """Starts `sleep` children (one in a new session when `setsid`), prints `print_mb` MiB, then emits every
+    record, or hangs (`end=hang`)."""
 
     name = "tests:escapes"
     fail_fast = False
+    defaults: dict[str, object] = {}
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
+        options = {**self.defaults, **job.options}
         child = subprocess.Popen(["sleep", "300"])
-        escaped = subprocess.Popen(["sleep", "301"], start_new_session=True) if job.options.get("setsid") else None
+        escaped = subprocess.Popen(["sleep", "301"], start_new_session=True) if options.get("setsid") else None
         chunk = "x" * 1023 + "\n"
-        for _ in range(int(float(job.options.get("print_mb", 0)) * 1024)):
+        for _ in range(int(float(options.get("print_mb", 0)) * 1024)):
             sys.stdout.write(chunk)
         sys.stdout.flush()
-        if job.options.get("pidfile"):
-            path = Path(job.options["pidfile"])
+        if options.get("pidfile"):
+            path = Path(str(options["pidfile"]))
             pids = [os.getpid(), child.pid] + ([escaped.pid] if escaped else [])
             path.with_suffix(".tmp").write_text(" ".join(map(str, pids)) + "\n")
             path.with_suffix(".tmp").rename(path)  # the test reads whole lines only
-        if job.options.get("end") == "hang":
+        if options.get("end") == "hang":
             await asyncio.Event().wait()
         for spec in job.trajectories:
             emit(SampleRecord(spec.id, spec.group, "completed", prompt_length=len(spec.prompt_ids)))
+
+
+class EscapesAndHangs(Escapes):
+    """`Escapes` with a child in a session of its own and a hang, without options (a sweep passes none)."""
+
+    name = "tests:escapes-and-hangs"
+    defaults = {"setsid": True, "end": "hang"}

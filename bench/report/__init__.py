@@ -47,6 +47,9 @@ def add_to_summary(folder: str | Path, key: str, value: Any) -> None:
 
 def _keep_worker_log(result: RunResult, folder: Path) -> None:
     """The target's own output (framework logs, tracebacks) belongs with the run's evidence."""
+    if result.worker_log is not None:
+        (folder / "worker.log").write_text(result.worker_log, encoding="utf-8")
+        return
     log = Path(result.worker["log"]) if result.worker and result.worker.get("log") else None
     if log is not None and log.exists() and log.resolve() != (folder / "worker.log").resolve():
         shutil.copyfile(log, folder / "worker.log")
