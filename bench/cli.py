@@ -127,15 +127,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from bench.arguments import check_invariant_names, check_output_file, check_report_folder
 
+    if os.environ.pop("ROLLOUT_BENCH_STDIN_LIFELINE", None):  # a sweep's run: end with the sweep
+        from bench.isolation.lifeline import die_with_stdin
+
+        die_with_stdin()
     # every argument and output path is checked before anything starts (a worker, a server, a trace load)
     out = check_report_folder("--out", args.out or Path("reports") / time.strftime("run-%Y%m%d-%H%M%S"), args.force)
     if args.junit:
         check_output_file("--junit", args.junit)
     invariants = check_invariant_names("--invariants", args.invariants) if args.invariants else None
     from bench.invariants import Bounds
-    from bench.orchestration.repro import Budget, load_repro, write_config, write_repros
+    from bench.orchestration.repro import load_repro
     from bench.orchestration.runner import DEFAULT_PLAN, RunConfig, run
-    from bench.report import add_to_summary
     from bench.targets import DEFAULT_TARGET
 
     # a repro file records every input of its run: only what is given on this command line overrides it
@@ -181,17 +184,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
     plan = config.plan
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
           f"seed={plan.seed if plan else None}", file=sys.stderr)
+    signalled: list[int] = []  # the signals that arrived during the run
     try:
-        result = asyncio.run(_until_terminated(run(config, show_progress=True, while_starting=_load_report_writer)))
-    except _Terminated:
-        print("run: terminated (SIGTERM); the worker and its process group were killed, no report written",
-              file=sys.stderr)
-        return 128 + 15
-    from bench.report import format_summary, write_report
+        result = asyncio.run(_until_signalled(
+            lambda interrupt: run(config, show_progress=True, while_starting=_load_report_writer, interrupt=interrupt),
+            signalled))
+    except _Terminated as stop:
+        print(f"run: stopped by a second {stop.name}; the worker, its process group and escapees were killed, "
+              "no report written", file=sys.stderr)
+        return 128 + stop.signum
+    previous = _raise_on_sigterm()  # from here on (report, repros) SIGTERM ends the command the way Ctrl-C does
+    try:
+        return _report_and_repros(args, result, out, signalled)
+    finally:
+        import signal
+
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signalled: list[int]) -> int:
+    """Write the run's report; after a failing run that was not interrupted, its verified repros."""
+    from bench.orchestration.repro import Budget, write_config, write_repros
+    from bench.report import add_to_summary, format_summary, write_report
 
     summary = write_report(result, out, junit=args.junit)
     print(format_summary(summary, str(out.resolve())))
     print(f"report: {out.resolve()}")
+    if signalled:
+        name = _signal_name(signalled[0])
+        write_config(result.config, out / "run.toml", result=result)
+        print(f"run: {'interrupted' if result.interrupted else 'finished, then got'} {name}: the report holds "
+              f"what came back until then{' (marked interrupted)' if result.interrupted else ''}; no repros",
+              file=sys.stderr)
+        return 128 + signalled[0]
     if result.violations and args.repro_reruns > 0:
         print(f"repros: rerunning to verify and shrink each failure (at most {args.repro_reruns} reruns each)",
               file=sys.stderr, flush=True)
@@ -211,34 +236,65 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-class _Terminated(Exception):
-    """`rollout-bench run` got SIGTERM."""
+class _Terminated(BaseException):
+    """A signal that ends `rollout-bench run` without a report (a second SIGINT/SIGTERM during the run, or
+    SIGTERM once the report is written). A BaseException, as KeyboardInterrupt: no `except Exception` stops it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = _signal_name(signum)
 
 
-async def _until_terminated(work: Any) -> Any:
-    """Await `work`; on SIGTERM cancel it, so the run ends the way Ctrl-C ends it: its worker's process
-    group killed (`IsolatedTarget` on cancel, `runner.run`'s cleanup), the server closed."""
+def _signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
+
+
+def _raise_on_sigterm() -> Any:
+    """SIGTERM raises `_Terminated` (the previous handler is returned, to restore)."""
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated(signum)
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+async def _until_signalled(work: Callable[[Any], Any], signalled: list[int]) -> Any:
+    """Run `work(interrupt)`. The first SIGINT or SIGTERM sets the interrupt: the run stops waiting for its
+    target, kills the worker, and returns what it gathered, for a report marked interrupted. A second one
+    cancels it outright (its worker's process group killed, `IsolatedTarget` on cancel): no report."""
     import asyncio
     import signal
 
-    task = asyncio.ensure_future(work)
-    terminated = False
+    from bench.orchestration.interrupt import Interrupt
 
-    def on_sigterm() -> None:
-        nonlocal terminated
-        terminated = True
-        task.cancel()
+    interrupt = Interrupt()
+    task = asyncio.ensure_future(work(interrupt))
+
+    def on_signal(signum: int) -> None:
+        signalled.append(signum)
+        if len(signalled) == 1:
+            print(f"\nrun: {_signal_name(signum)}: stopping the target and writing the report of what came back "
+                  "(again to stop at once, without a report)", file=sys.stderr, flush=True)
+            interrupt.set(_signal_name(signum))
+        else:
+            task.cancel()
 
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
         return await task
     except asyncio.CancelledError:
-        if terminated:
-            raise _Terminated() from None
+        if len(signalled) > 1:
+            raise _Terminated(signalled[-1]) from None
         raise
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
 
 
 def _suggest_warm_worker(worker: dict[str, Any] | None, slow_s: float = 5.0) -> None:
@@ -338,7 +394,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                            watchdog_s=args.watchdog, timeout_s=args.timeout,
                            jobs=default_jobs() if args.jobs is None else args.jobs, run_args=tuple(run_args),
                            invariants=sweep_invariants(args.invariants))
-    return sweep_command(args.plan, args.target, args.rates, args.seeds, args.out, options)
+    import signal
+
+    previous = _raise_on_sigterm()  # SIGTERM ends the sweep as Ctrl-C does: runs stopped, sweep.json interrupted
+    try:
+        return sweep_command(args.plan, args.target, args.rates, args.seeds, args.out, options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -648,3 +710,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rollout-bench: interrupted", file=sys.stderr)
         return 130
+    except _Terminated as stop:
+        print(f"rollout-bench: stopped by {stop.name}", file=sys.stderr)
+        return 128 + stop.signum
