@@ -20,7 +20,8 @@ from bench.records.sample import OUTCOMES
 
 # no_requests: the run passed, but its target never sent the server a generation request, so it tested nothing
 # (a sweep leaves out the vacuity invariant, which would say so only through a rule that never fired)
-RUN_OUTCOMES = ("ok", "violations", "no_requests", "crashed", "timeout")
+# interrupted: the run was stopped (the sweep was interrupted) and wrote the report of what it had gathered
+RUN_OUTCOMES = ("ok", "violations", "no_requests", "interrupted", "crashed", "timeout")
 TABLES = ("sweep", "sweep_faults")
 # Every column of sweep.csv, in order (also the columns of an empty sweep).
 COLUMNS = (
@@ -50,6 +51,8 @@ def outcome_of(finished: Finished, summary: dict[str, Any] | None) -> str:
     """ok / violations (the run's own verdict, exit 0 / 1 with a report); else timeout or crashed."""
     if finished.timed_out:
         return "timeout"
+    if summary is not None and summary.get("interrupted"):
+        return "interrupted"
     if summary is not None and finished.exit_code in (0, 1):
         if summary["violations"]:
             return "violations"
@@ -98,6 +101,8 @@ def run_rows(base: dict[str, Any], folder: Path, finished: Finished) -> tuple[di
         row["error"] = _crash_cause(finished)
     elif outcome == "no_requests":
         row["error"] = "the target sent the server no generation request: the run tested nothing"
+    elif outcome == "interrupted":
+        row["error"] = f"interrupted by {summary['interrupted']['signal']}"  # type: ignore[index]
     if summary is None or outcome in ("crashed", "timeout"):
         return row, []
     throughput = summary["throughput"]
