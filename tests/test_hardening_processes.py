@@ -174,3 +174,12 @@ def test_a_stopped_sweep_ends_its_runs_workers_and_their_escaped_children(tmp_pa
         summary = json.loads((out / "sweep.json").read_text())
         assert summary["status"] == "interrupted" and summary["outcomes"]["interrupted"] == 2, summary
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_an_inline_targets_children_end_with_the_run_even_one_that_called_setsid(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    result = asyncio.run(run(RunConfig(trace="rlvr-500", n=4, target=TARGET, isolation="inline",
+                                       target_options={"setsid": True, "pidfile": str(pidfile)})))
+    children = _pids(pidfile)[1:]  # the first pid is this very process: the target ran inline
+    assert len(children) == 2 and _reap(children) == []
+    assert "ROLLOUT_BENCH_RUN_MARKER" not in os.environ  # the run's marker does not outlive it
