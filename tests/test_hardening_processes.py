@@ -183,3 +183,34 @@ def test_an_inline_targets_children_end_with_the_run_even_one_that_called_setsid
     children = _pids(pidfile)[1:]  # the first pid is this very process: the target ran inline
     assert len(children) == 2 and _reap(children) == []
     assert "ROLLOUT_BENCH_RUN_MARKER" not in os.environ  # the run's marker does not outlive it
+
+
+def test_sigkill_of_a_run_forked_from_a_warm_worker_ends_its_escaped_child_too(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from bench.isolation.process import worker_env
+    from bench.isolation.warm_client import RUNTIME_ENV, start_warm
+
+    folder = Path(tempfile.mkdtemp(prefix="rbh-", dir="/tmp"))  # short: socket paths must fit 107 bytes
+    monkeypatch.setenv(RUNTIME_ENV, str(folder))
+    warm, ready = start_warm(sys.executable, TARGET, {}, 120.0, worker_env(sys.executable), tmp_path / "warm.log")
+    try:
+        cli, pidfile = _start_run(tmp_path, "--target-option", "end=hang")
+        try:
+            pids = _pids(pidfile)
+            assert Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(ready["pid"])
+            cli.kill()
+            cli.communicate(timeout=30)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.wait()
+        assert _reap(pids) == []  # the forked worker, its child, and the child in a session of its own
+        assert running(int(ready["pid"]))  # the warm worker serves on
+    finally:
+        warm.terminate()
+        warm.wait(timeout=15)
+        for leftover in folder.iterdir():
+            leftover.unlink()
+        folder.rmdir()
