@@ -405,6 +405,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from bench.report import format_summary, load_sweep, rerender
+    from bench.sweep.sweeper import sweep_status_note
     from bench.sweep.table import is_sweep_folder
 
     if is_sweep_folder(args.folder):  # a sweep: one line per run, as its table has them
@@ -412,6 +413,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
         columns = [c for c in ("plan", "target", "rate", "seed", "outcome", "drop_rate", "violations") if c in runs]
         print(runs[columns].to_string(index=False))
         print(f"sweep: {Path(args.folder).resolve()} ({len(runs)} runs)")
+        note = sweep_status_note(load_sweep(args.folder)["summary"])
+        if note:
+            print(f"sweep: {note}", file=sys.stderr)
         return 0
     print(format_summary(rerender(args.folder), str(Path(args.folder).resolve())))
     print(f"report: {Path(args.folder).resolve()}")

@@ -173,6 +173,9 @@ def test_a_stopped_sweep_ends_its_runs_workers_and_their_escaped_children(tmp_pa
         assert sweep.returncode == 128 + sig
         summary = json.loads((out / "sweep.json").read_text())
         assert summary["status"] == "interrupted" and summary["outcomes"]["interrupted"] == 2, summary
+    else:  # it could not mark itself: `report` tells a killed sweep from a running one
+        shown = subprocess.run([sys.executable, "-m", "bench", "report", str(out)], capture_output=True, text=True)
+        assert shown.returncode == 0 and "the sweep was killed outright" in shown.stderr, shown.stderr
     assert list((tmp_path / "tmp").iterdir()) == []
 
 

@@ -275,7 +275,10 @@ def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seed
                 "invariants": None if options.invariants is None else list(options.invariants)}
     config = {"version": __version__, "plans": [p.name for p in plans], "plan_sources": [p.source for p in plans],
               "targets": targets, "rates": [float(r) for r in rates], "seeds": seeds, "runs": len(points),
-              "options": settings, "started": time.time()}
+              "options": settings, "started": time.time(),
+              # while `status` is running: a sweep killed outright (SIGKILL) cannot mark itself, so `report` checks
+              # whether this process still exists
+              "pid": os.getpid(), "host": os.uname().nodename}
     rows: dict[int, dict[str, Any]] = {}
     fault_rows: dict[int, list[dict[str, Any]]] = {}
     processes = _Processes()
@@ -321,6 +324,19 @@ def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seed
     kill_marked(SWEEP_MARKER, processes.marker)  # anything a finished run left behind
     save("finished")
     return [rows[i] for i in sorted(rows)]
+
+
+def sweep_status_note(summary: dict[str, Any]) -> str:
+    """What `sweep.json`'s status means: a sweep still `running` whose process is gone was killed outright."""
+    status = summary.get("status")
+    if status != "running":
+        return f"status {status}" if status else ""
+    pid, host = summary.get("pid"), summary.get("host")
+    if isinstance(pid, int) and host == os.uname().nodename and Path("/proc/self").exists() \
+            and not Path(f"/proc/{pid}").exists():
+        return (f"status running, but its process (pid {pid}) is gone: the sweep was killed outright; "
+                f"{summary.get('finished_runs', 0)} of {summary.get('runs')} runs finished")
+    return "status running"
 
 
 def sweep_command(plan: str, target: str, rates: str, seeds: str, out: str, options: SweepOptions) -> int:
