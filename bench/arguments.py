@@ -58,6 +58,14 @@ def non_negative(text: str) -> float:
     return value
 
 
+def port(text: str) -> int:
+    """A TCP port, 0 (pick a free one) to 65535."""
+    value = int(_number(text, int))
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, got {value}")
+    return value
+
+
 def share(text: str) -> float:
     """A fraction in [0, 1] (`--max-drift-share`)."""
     value = _number(text, float)

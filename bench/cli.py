@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench import __version__
-from bench.arguments import ArgumentError, int_at_least, non_negative, positive_seconds, share
+from bench.arguments import ArgumentError, int_at_least, non_negative, port, positive_seconds, share
 from bench.trace.shipped import DEFAULT_TRACE, SHIPPED_TRACES, resolve_trace, shipped_trace
 
 
@@ -499,10 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trace", default=DEFAULT_TRACE,
                        help=f"trace file or shipped trace name (default {DEFAULT_TRACE})")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=30000, help="port (0: pick a free one; default 30000)")
+    serve.add_argument("--port", type=port, default=30000, help="port (0: pick a free one; default 30000)")
     serve.add_argument("--sglang-version", default=DEFAULT_PROFILE, choices=list(PROFILES),
                        help=f"response shapes of this SGLang release (default {DEFAULT_PROFILE})")
-    serve.add_argument("--time-scale", type=float, default=0.0,
+    serve.add_argument("--time-scale", type=non_negative, default=0.0,
                        help="replay recorded latencies scaled by this (0: as fast as possible, 1: real time)")
     serve.add_argument("--router-version", default="0.3.2", choices=["0.3.2", "0.2"],
                        help="router surface answers of this sglang-router release")
@@ -529,9 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "trajectory and group ids (default: ids made from the traffic)")
     proxy.add_argument("--tokenizer", metavar="DIR", help="the model's local tokenizer folder (transformers); "
                        "needed unless the upstream tokenizes as the bench's own tokenizer")
-    proxy.add_argument("--context-length", type=int, help="the model's context length, when the upstream names none")
+    proxy.add_argument("--context-length", type=int_at_least(1), help="the model's context length, when the upstream names none")
     proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    proxy.add_argument("--port", type=int, default=30000, help="port (0: pick a free one; default 30000)")
+    proxy.add_argument("--port", type=port, default=30000, help="port (0: pick a free one; default 30000)")
     proxy.add_argument("--sglang-version", default=DEFAULT_PROFILE, choices=list(PROFILES),
                        help=f"SGLang release whose answer shapes the proxy writes (default {DEFAULT_PROFILE})")
     proxy.add_argument("--router-version", default="0.3.2", choices=["0.3.2", "0.2"],
@@ -547,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--out", required=True, help="the trace to write (.jsonl, or .jsonl.gz: compressed at the "
                         "clean end); valid at every moment, even if the recorder is killed")
     record.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    record.add_argument("--port", type=int, default=30001, help="port to listen on (0: pick a free one; default 30001)")
+    record.add_argument("--port", type=port, default=30001, help="port to listen on (0: pick a free one; default 30001)")
     record.add_argument("--redact-text", action="store_true", help="keep token ids, drop every text")
     record.add_argument("--tokenizer", metavar="DIR", help="the model's tokenizer folder (local, Hugging Face "
                         "format): names the ids in the header and reads tool outputs from appended ids")
@@ -625,7 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(a miles repro in seconds, not a 7-10 s import each time)")
     worker.add_argument("--target", required=True, help="target NAME[:variant] (the variant does not matter)")
     worker.add_argument("--python", metavar="PATH", help="the target's interpreter (default as for run)")
-    worker.add_argument("--idle-timeout", type=float, default=1800.0,
+    worker.add_argument("--idle-timeout", type=positive_seconds, default=1800.0,
                         help="exit after this many seconds without a run (default 1800)")
     worker.add_argument("--detach", action="store_true", help="return once it is ready, leaving it running")
     worker.add_argument("--stop", action="store_true", help="stop the warm worker for this target")

@@ -120,3 +120,22 @@ def test_a_sweep_of_a_target_that_never_calls_the_server_fails(tmp_path: Path) -
     row = (out / "sweep.csv").read_text().splitlines()
     assert len(row) == 2 and ",no_requests," in row[1], row
     assert json.loads((out / "sweep.json").read_text())["outcomes"]["no_requests"] == 1
+
+
+@pytest.mark.parametrize("args, named", [
+    (["serve", "--port", "70000"], "--port"),
+    (["serve", "--time-scale", "nan"], "--time-scale"),
+    (["proxy", "--upstream", "http://127.0.0.1:9", "--context-length", "0"], "--context-length"),
+    (["record", "--upstream", "http://127.0.0.1:9", "--out", "never-written.jsonl", "--port", "-1"], "--port"),
+    (["worker", "--target", "ref-gather", "--idle-timeout", "-1"], "--idle-timeout"),
+    (["sweep", "--plan", "seed-000", "--target", "ref-gather:fixed", "--rates", "0.1", "--seeds", "1",
+      "--concurrency", "0", "--out", "never-written"], "--concurrency"),
+    (["sweep", "--plan", "seed-000", "--target", "ref-gather:fixed", "--rates", "0.1", "--seeds", "1",
+      "--watchdog", "inf", "--out", "never-written"], "--watchdog"),
+], ids=lambda value: " ".join(value[:2] + value[-2:]) if isinstance(value, list) else None)
+def test_the_other_commands_check_their_numbers_too(tmp_path: Path, args: list[str], named: str) -> None:
+    clock = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, timeout=20,
+                          cwd=tmp_path)
+    assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert time.monotonic() - clock < 2.0 and list(tmp_path.iterdir()) == []
