@@ -81,6 +81,8 @@ def test_sigterm_or_sigint_writes_a_report_marked_interrupted_and_leaves_nothing
     assert summary["interrupted"]["signal"] == sig.name
     assert summary["outcomes"]["lost"] == 8 and summary["violations"] == []  # cut off by the signal: not judged
     assert (tmp_path / "report" / "worker.log").exists() and (tmp_path / "report" / "run.toml").exists()
+    junit = (tmp_path / "report" / "junit.xml").read_text()
+    assert 'errors="1"' in junit and f"interrupted by {sig.name}" in junit  # CI does not read it as a pass
     assert "INTERRUPTED" in out and list((tmp_path / "tmp").iterdir()) == []
 
 
