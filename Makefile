@@ -27,8 +27,9 @@ $(VENV)/.installed-test: pyproject.toml constraints.txt | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 # The default run finds the seed-000 crash, so its exit status is 1 (violations): that is the demo.
+# --force: a second `make demo` writes over the first one's report folder.
 demo: $(VENV)/.installed
-	$(BIN)/rollout-bench run --out reports/demo; test $$? -le 1
+	$(BIN)/rollout-bench run --out reports/demo --force; test $$? -le 1
 
 test: $(VENV)/.installed-test targets
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

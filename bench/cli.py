@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench import __version__
+from bench.arguments import ArgumentError, int_at_least, non_negative, port, positive_seconds, share
 from bench.trace.shipped import DEFAULT_TRACE, SHIPPED_TRACES, resolve_trace, shipped_trace
 
 CONTROL_TOKEN_ENV = "ROLLOUT_BENCH_CONTROL_TOKEN"
@@ -162,10 +163,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
+    from bench.arguments import check_invariant_names, check_output_file, check_report_folder
+
+    if os.environ.pop("ROLLOUT_BENCH_STDIN_LIFELINE", None):  # a sweep's run: end with the sweep
+        from bench.isolation.lifeline import die_with_stdin
+
+        die_with_stdin()
+    # every argument and output path is checked before anything starts (a worker, a server, a trace load)
+    out = check_report_folder("--out", args.out or Path("reports") / time.strftime("run-%Y%m%d-%H%M%S"), args.force)
+    if args.junit:
+        check_output_file("--junit", args.junit)
+    invariants = check_invariant_names("--invariants", args.invariants) if args.invariants else None
     from bench.invariants import Bounds
-    from bench.orchestration.repro import Budget, load_repro, write_config, write_repros
+    from bench.orchestration.repro import load_repro
     from bench.orchestration.runner import DEFAULT_PLAN, RunConfig, run
-    from bench.report import add_to_summary
     from bench.targets import DEFAULT_TARGET
 
     # a repro file records every input of its run: only what is given on this command line overrides it
@@ -173,7 +184,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ("concurrency", args.concurrency), ("time_scale", args.time_scale), ("watchdog_s", args.watchdog),
         ("deadline_s", args.deadline)) if value is not None}
     if args.invariants:
-        options["invariants"] = args.invariants.split(",")
+        options["invariants"] = invariants
     bounds = {key: value for key, value in (("max_weight_lag", args.max_weight_lag),
                                             ("max_requests_per_trajectory", args.max_requests),
                                             ("run_budget_s", args.budget),
@@ -214,20 +225,41 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config = RunConfig(trace=args.trace, plan=plan, target=args.target or DEFAULT_TARGET, n=args.n,
                            target_options=target_options, bounds=Bounds(**bounds), **options)
     plan = config.plan
-    out = Path(args.out) if args.out else Path("reports") / time.strftime("run-%Y%m%d-%H%M%S")
     print(f"run: trace={config.trace} target={config.target} plan={plan.name if plan else None} "
           f"seed={plan.seed if plan else None}", file=sys.stderr)
+    signalled: list[int] = []  # the signals that arrived during the run
     try:
-        result = asyncio.run(_until_terminated(run(config, show_progress=True, while_starting=_load_report_writer)))
-    except _Terminated:
-        print("run: terminated (SIGTERM); the worker and its process group were killed, no report written",
-              file=sys.stderr)
-        return 128 + 15
-    from bench.report import format_summary, write_report
+        result = asyncio.run(_until_signalled(
+            lambda interrupt: run(config, show_progress=True, while_starting=_load_report_writer, interrupt=interrupt),
+            signalled))
+    except _Terminated as stop:
+        print(f"run: stopped by a second {stop.name}; the worker, its process group and escapees were killed, "
+              "no report written", file=sys.stderr)
+        return 128 + stop.signum
+    previous = _raise_on_sigterm()  # from here on (report, repros) SIGTERM ends the command the way Ctrl-C does
+    try:
+        return _report_and_repros(args, result, out, signalled)
+    finally:
+        import signal
+
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signalled: list[int]) -> int:
+    """Write the run's report; after a failing run that was not interrupted, its verified repros."""
+    from bench.orchestration.repro import Budget, write_config, write_repros
+    from bench.report import add_to_summary, format_summary, write_report
 
     summary = write_report(result, out, junit=args.junit)
     print(format_summary(summary, str(out.resolve())))
     print(f"report: {out.resolve()}")
+    if signalled:
+        name = _signal_name(signalled[0])
+        write_config(result.config, out / "run.toml", result=result)
+        print(f"run: {'interrupted' if result.interrupted else 'finished, then got'} {name}: the report holds "
+              f"what came back until then{' (marked interrupted)' if result.interrupted else ''}; no repros",
+              file=sys.stderr)
+        return 128 + signalled[0]
     if result.violations and args.repro_reruns > 0:
         print(f"repros: rerunning to verify and shrink each failure (at most {args.repro_reruns} reruns each)",
               file=sys.stderr, flush=True)
@@ -247,34 +279,65 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-class _Terminated(Exception):
-    """`rollout-bench run` got SIGTERM."""
+class _Terminated(BaseException):
+    """A signal that ends `rollout-bench run` without a report (a second SIGINT/SIGTERM during the run, or
+    SIGTERM once the report is written). A BaseException, as KeyboardInterrupt: no `except Exception` stops it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = _signal_name(signum)
 
 
-async def _until_terminated(work: Any) -> Any:
-    """Await `work`; on SIGTERM cancel it, so the run ends the way Ctrl-C ends it: its worker's process
-    group killed (`IsolatedTarget` on cancel, `runner.run`'s cleanup), the server closed."""
+def _signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
+
+
+def _raise_on_sigterm() -> Any:
+    """SIGTERM raises `_Terminated` (the previous handler is returned, to restore)."""
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated(signum)
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+async def _until_signalled(work: Callable[[Any], Any], signalled: list[int]) -> Any:
+    """Run `work(interrupt)`. The first SIGINT or SIGTERM sets the interrupt: the run stops waiting for its
+    target, kills the worker, and returns what it gathered, for a report marked interrupted. A second one
+    cancels it outright (its worker's process group killed, `IsolatedTarget` on cancel): no report."""
     import asyncio
     import signal
 
-    task = asyncio.ensure_future(work)
-    terminated = False
+    from bench.orchestration.interrupt import Interrupt
 
-    def on_sigterm() -> None:
-        nonlocal terminated
-        terminated = True
-        task.cancel()
+    interrupt = Interrupt()
+    task = asyncio.ensure_future(work(interrupt))
+
+    def on_signal(signum: int) -> None:
+        signalled.append(signum)
+        if len(signalled) == 1:
+            print(f"\nrun: {_signal_name(signum)}: stopping the target and writing the report of what came back "
+                  "(again to stop at once, without a report)", file=sys.stderr, flush=True)
+            interrupt.set(_signal_name(signum))
+        else:
+            task.cancel()
 
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
         return await task
     except asyncio.CancelledError:
-        if terminated:
-            raise _Terminated() from None
+        if len(signalled) > 1:
+            raise _Terminated(signalled[-1]) from None
         raise
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
 
 
 def _suggest_warm_worker(worker: dict[str, Any] | None, slow_s: float = 5.0) -> None:
@@ -374,11 +437,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                            watchdog_s=args.watchdog, timeout_s=args.timeout,
                            jobs=default_jobs() if args.jobs is None else args.jobs, run_args=tuple(run_args),
                            invariants=sweep_invariants(args.invariants))
-    return sweep_command(args.plan, args.target, args.rates, args.seeds, args.out, options)
+    import signal
+
+    previous = _raise_on_sigterm()  # SIGTERM ends the sweep as Ctrl-C does: runs stopped, sweep.json interrupted
+    try:
+        return sweep_command(args.plan, args.target, args.rates, args.seeds, args.out, options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from bench.report import format_summary, load_sweep, rerender
+    from bench.sweep.sweeper import sweep_status_note
     from bench.sweep.table import is_sweep_folder
 
     if is_sweep_folder(args.folder):  # a sweep: one line per run, as its table has them
@@ -386,6 +456,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
         columns = [c for c in ("plan", "target", "rate", "seed", "outcome", "drop_rate", "violations") if c in runs]
         print(runs[columns].to_string(index=False))
         print(f"sweep: {Path(args.folder).resolve()} ({len(runs)} runs)")
+        note = sweep_status_note(load_sweep(args.folder)["summary"])
+        if note:
+            print(f"sweep: {note}", file=sys.stderr)
         return 0
     print(format_summary(rerender(args.folder), str(Path(args.folder).resolve())))
     print(f"report: {Path(args.folder).resolve()}")
@@ -469,10 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trace", default=DEFAULT_TRACE,
                        help=f"trace file or shipped trace name (default {DEFAULT_TRACE})")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=30000, help="port (0: pick a free one; default 30000)")
+    serve.add_argument("--port", type=port, default=30000, help="port (0: pick a free one; default 30000)")
     serve.add_argument("--sglang-version", default=DEFAULT_PROFILE, choices=list(PROFILES),
                        help=f"response shapes of this SGLang release (default {DEFAULT_PROFILE})")
-    serve.add_argument("--time-scale", type=float, default=0.0,
+    serve.add_argument("--time-scale", type=non_negative, default=0.0,
                        help="replay recorded latencies scaled by this (0: as fast as possible, 1: real time)")
     serve.add_argument("--router-version", default="0.3.2", choices=["0.3.2", "0.2"],
                        help="router surface answers of this sglang-router release")
@@ -501,9 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "trajectory and group ids (default: ids made from the traffic)")
     proxy.add_argument("--tokenizer", metavar="DIR", help="the model's local tokenizer folder (transformers); "
                        "needed unless the upstream tokenizes as the bench's own tokenizer")
-    proxy.add_argument("--context-length", type=int, help="the model's context length, when the upstream names none")
+    proxy.add_argument("--context-length", type=int_at_least(1), help="the model's context length, when the upstream names none")
     proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    proxy.add_argument("--port", type=int, default=30000, help="port (0: pick a free one; default 30000)")
+    proxy.add_argument("--port", type=port, default=30000, help="port (0: pick a free one; default 30000)")
     proxy.add_argument("--sglang-version", default=DEFAULT_PROFILE, choices=list(PROFILES),
                        help=f"SGLang release whose answer shapes the proxy writes (default {DEFAULT_PROFILE})")
     proxy.add_argument("--router-version", default="0.3.2", choices=["0.3.2", "0.2"],
@@ -521,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--out", required=True, help="the trace to write (.jsonl, or .jsonl.gz: compressed at the "
                         "clean end); valid at every moment, even if the recorder is killed")
     record.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    record.add_argument("--port", type=int, default=30001, help="port to listen on (0: pick a free one; default 30001)")
+    record.add_argument("--port", type=port, default=30001, help="port to listen on (0: pick a free one; default 30001)")
     record.add_argument("--redact-text", action="store_true", help="keep token ids, drop every text")
     record.add_argument("--tokenizer", metavar="DIR", help="the model's tokenizer folder (local, Hugging Face "
                         "format): names the ids in the header and reads tool outputs from appended ids")
@@ -539,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="fault plan seed (overrides the plan's)")
     run.add_argument("--target", help=f"NAME[:variant] or module:attr (default {DEFAULT_TARGET}; with --repro: "
                                       "the repro's, or this one, e.g. your fixed variant)")
-    run.add_argument("--n", type=int, help="run only the first N trajectories")
+    run.add_argument("--n", type=int_at_least(1), help="run only the first N trajectories")
     run.add_argument("--python", metavar="PATH", help="run the target in a worker under this interpreter (its own "
                      "virtual environment); default: the target's environment from `make targets`, else this one")
     run.add_argument("--in-process", action="store_true",
@@ -554,35 +627,38 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", choices=("train", "eval"), help="slime/miles: the train or the eval rollout path")
     run.add_argument("--target-option", action="append", metavar="KEY=VALUE", default=[],
                      help="any other option for the target adapter (repeatable; JSON values allowed)")
-    run.add_argument("--concurrency", type=int, help="requests in flight at most (default 64; a repro's own)")
-    run.add_argument("--time-scale", type=float,
+    run.add_argument("--concurrency", type=int_at_least(1), help="requests in flight at most (default 64; a repro's own)")
+    run.add_argument("--time-scale", type=non_negative,
                      help="replay recorded latencies scaled by this (default 0.05: requests overlap as in "
                           "production, a 500-trajectory run takes seconds; with --repro: the repro's own)")
-    run.add_argument("--watchdog", type=float,
+    run.add_argument("--watchdog", type=positive_seconds,
                      help="seconds without progress (a sample finished, or a recorded turn answered for the first "
                           "time) before the run ends as a hang, or a livelock if requests kept coming (30; a "
                           "repro's own)")
-    run.add_argument("--deadline", type=float,
+    run.add_argument("--deadline", type=positive_seconds,
                      help="seconds after which any run ends, start-up included: stacks taken, worker killed, a "
                           "liveness violation (3600; a repro's own)")
     run.add_argument("--invariants", help="comma-separated invariants to check (default all)")
     run.add_argument("--known", metavar="NAME|FILE",
                      help="known findings (a shipped name, e.g. miles, or a TOML file): violations they declare are "
                           "reported with their reason but do not fail the run")
-    run.add_argument("--max-weight-lag", type=int, help="staleness bound in versions (default 1)")
-    run.add_argument("--max-requests", type=int, help="requests per trajectory before a storm (8)")
-    run.add_argument("--budget", type=float, help="liveness budget for the whole run, seconds")
-    run.add_argument("--max-drift-share", type=float,
+    run.add_argument("--max-weight-lag", type=int_at_least(0), help="staleness bound in versions (default 1)")
+    run.add_argument("--max-requests", type=int_at_least(1), help="requests per trajectory before a storm (8)")
+    run.add_argument("--budget", type=positive_seconds, help="liveness budget for the whole run, seconds")
+    run.add_argument("--max-drift-share", type=share,
                      help="replay fidelity: share of requests off the recording above which the run is unfaithful "
                           "(default 0.05)")
     run.add_argument("--out", help="report folder (default reports/run-<time>)")
+    run.add_argument("--force", action="store_true",
+                     help="write the report into an existing non-empty --out folder (files of the same name are "
+                          "replaced); without it such a folder is refused before the run starts")
     run.add_argument("--junit", help="also write the JUnit XML here")
     run.add_argument("--repro", help="rerun a repro file (repro*.toml, or run.toml: the whole run) with every input "
                      "it recorded; options given here override it")
     run.add_argument("--trust-plugin", action="store_true",
                      help="with --repro: run the target module or interpreter the file names even when it is outside "
                      "this project and the bench (a repro from another machine's CI artifact)")
-    run.add_argument("--repro-reruns", type=int, default=12, metavar="N",
+    run.add_argument("--repro-reruns", type=int_at_least(0), default=12, metavar="N",
                      help="after a failing run, rerun each failure at most N times to verify and shrink its repro "
                           "(default 12; 0: write no repro, only run.toml)")
     run.add_argument("--upstream", metavar="URL", help="a live SGLang / vLLM server: the target's requests go "
@@ -599,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(a miles repro in seconds, not a 7-10 s import each time)")
     worker.add_argument("--target", required=True, help="target NAME[:variant] (the variant does not matter)")
     worker.add_argument("--python", metavar="PATH", help="the target's interpreter (default as for run)")
-    worker.add_argument("--idle-timeout", type=float, default=1800.0,
+    worker.add_argument("--idle-timeout", type=positive_seconds, default=1800.0,
                         help="exit after this many seconds without a run (default 1800)")
     worker.add_argument("--detach", action="store_true", help="return once it is ready, leaving it running")
     worker.add_argument("--stop", action="store_true", help="stop the warm worker for this target")
@@ -622,13 +698,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seeds", required=True, help="plan seeds, comma-separated (each replaces the plan's own)")
     sweep.add_argument("--out", required=True, help="a new or empty folder: runs/<id>/ per run, sweep.csv, sweep.json")
     sweep.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace file or shipped name (default {DEFAULT_TRACE})")
-    sweep.add_argument("--n", type=int, help="run only the first N trajectories of the trace")
+    sweep.add_argument("--n", type=int_at_least(1), help="run only the first N trajectories of the trace")
     sweep.add_argument("--jobs", type=int, help="runs at once (default: the cores this process may use)")
     sweep.add_argument("--timeout", type=float, default=600.0,
                        help="seconds per run before it is killed with its children and recorded as timeout (600)")
-    sweep.add_argument("--time-scale", type=float, default=0.05, help="as for run (default 0.05; 0: fastest)")
-    sweep.add_argument("--concurrency", type=int, default=64, help="as for run (default 64)")
-    sweep.add_argument("--watchdog", type=float, default=30.0, help="as for run (default 30)")
+    sweep.add_argument("--time-scale", type=non_negative, default=0.05, help="as for run (default 0.05; 0: fastest)")
+    sweep.add_argument("--concurrency", type=int_at_least(1), default=64, help="as for run (default 64)")
+    sweep.add_argument("--watchdog", type=positive_seconds, default=30.0, help="as for run (default 30)")
     sweep.add_argument("--known", metavar="NAME|FILE", help="known findings for every run (as for run)")
     sweep.add_argument("--invariants", help="comma-separated invariants to check (default all but vacuity: a rule "
                                             "that never fired at a low rate is data, the fault_events column)")
@@ -680,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and friends
         sys.stdout = open(os.devnull, "w")
         return 0
-    except (TraceFormatError, SynthError, PlanError, FaultError, TargetError, TargetStartError, WarmStartError,
+    except (ArgumentError, TraceFormatError, SynthError, PlanError, FaultError, TargetError, TargetStartError, WarmStartError,
             FileNotFoundError, KeyError, ValueError, OSError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"rollout-bench: error: {message}", file=sys.stderr)
@@ -688,3 +764,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rollout-bench: interrupted", file=sys.stderr)
         return 130
+    except _Terminated as stop:
+        print(f"rollout-bench: stopped by {stop.name}", file=sys.stderr)
+        return 128 + stop.signum

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -71,16 +72,43 @@ class PlanError(ValueError):
     """A plan that cannot be loaded; names the file and line (or the `--fault` spec)."""
 
 
+class RuleValueError(FaultError):
+    """A rule value no fault or schedule can mean (not a number where one is needed, inf, NaN); names its key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def _non_finite(value: Any) -> bool:
+    """inf or NaN, alone or inside a list (TOML `inf`, `nan`, or a number too large for a float)."""
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(item) for item in value)
+    return isinstance(value, float) and not math.isfinite(value)
+
+
 def make_rule(values: dict[str, Any], default_name: str) -> Rule:
     """A rule from flat values: `fault`, `name`, schedule keys, fault parameters."""
     values = dict(values)
     kind = values.pop("fault", None)
     if not isinstance(kind, str):
-        raise FaultError("a rule needs `fault`, the name of a fault type")
+        raise RuleValueError("fault", "a rule needs `fault`, the name of a fault type")
     cls = fault_class(kind)
-    name = str(values.pop("name", default_name))
+    name = values.pop("name", default_name)
+    if not isinstance(name, str) or not name.strip():
+        raise RuleValueError("name", f"a rule's name is a non-empty string; got {name!r}")
+    for key, value in values.items():  # every number a rule holds (p, ms, status, window...) must be finite
+        if _non_finite(value):
+            raise RuleValueError(key, f"must be a finite number; got {value!r}")
+        if isinstance(value, dict):
+            raise RuleValueError(key, f"a table is not a rule value; got {value!r}")
     schedule_values = {k: values.pop(k) for k in list(values) if k in SCHEDULE_KEYS}
-    return Rule(name, cls.from_params(values), parse_schedule(schedule_values))
+    fault, schedule = cls.from_params(values), parse_schedule(schedule_values)
+    # a `--fault` string such as 'ms=nan' or 'window=0-inf' becomes a number only now
+    for key, value in [*fault.describe().items(), ("window", schedule.window)]:
+        if _non_finite(value):
+            raise RuleValueError(key, f"must be a finite number; got {value!r}")
+    return Rule(name, fault, schedule)
 
 
 def parse_spec(spec: str) -> dict[str, Any]:
@@ -151,13 +179,23 @@ def parse_plan(text: str, path: str, *, default_name: str = "plan") -> Plan:
     if window_from not in WINDOW_FROM:
         raise PlanError(f"{path}:{_key_line(text, 1, 'window_from')}: window_from must be one of "
                         f"{', '.join(repr(w) for w in WINDOW_FROM)}; got {window_from!r}")
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise PlanError(f"{path}:{_key_line(text, 1, key)}: {key} must be a string, got {data[key]!r}")
+    tables = data.get("rules", [])
+    if not isinstance(tables, list):
+        raise PlanError(f"{path}:{_key_line(text, 1, 'rules')}: rules must be an array of tables ([[rules]] "
+                        f"sections), got {tables!r}")
     starts = _rule_lines(text)
     rules = []
-    for index, values in enumerate(data.get("rules", [])):
-        start = starts[index] if index < len(starts) else 1
+    for index, values in enumerate(tables):
+        start = starts[index] if index < len(starts) else _key_line(text, 1, "rules")
+        if not isinstance(values, dict):
+            raise PlanError(f"{path}:{start}: rule {index}: a rule is a table (a [[rules]] section with `fault` "
+                            f"and its keys), got {values!r}")
         try:
             rules.append(make_rule(values, f"{values.get('fault', 'rule')}#{index}"))
-        except ScheduleError as error:
+        except (ScheduleError, RuleValueError) as error:
             raise PlanError(f"{path}:{_key_line(text, start, error.key)}: rule {index}: {error}") from None
         except FaultError as error:
             key = _offending_key(str(error), values)

@@ -4,6 +4,7 @@ ends any run, and no process of a run survives its end, even when the bench itse
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -164,9 +165,10 @@ def test_killing_the_run_command_takes_its_worker_and_the_targets_children_along
     for pid in left:  # do not leave them to the next test
         os.kill(pid, signal.SIGKILL)
     assert left == []
-    if sig == signal.SIGTERM:
+    if sig == signal.SIGTERM:  # the report of what came back, marked interrupted (tests/test_hardening_processes.py)
         assert cli.returncode == 128 + 15
-        assert b"terminated" in (cli.stderr.read() if cli.stderr else b"")
+        assert b"interrupted SIGTERM" in (cli.stderr.read() if cli.stderr else b"")
+        assert json.loads((tmp_path / "report" / "summary.json").read_text())["interrupted"]["signal"] == "SIGTERM"
 
 
 @pytest.fixture

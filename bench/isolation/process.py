@@ -4,8 +4,11 @@
 but `run` starts `python -m bench.isolation.worker` (under `python`, which may be another
 virtual environment's interpreter), relays the records it streams back, re-raises the
 rollout's exception as `TargetCrashed` with the original type, message and traceback, and
-kills the worker's whole process group whatever happened. The worker's stdout carries the
-protocol; its stderr (the target's logs) goes to `log_path`.
+kills the worker's whole process group, and every process that left it (`escapees`), whatever
+happened. The worker's stdout carries the protocol; its stderr (the target's logs) comes back through a
+pipe, capped (`capped_log`), and is written to `log_path` when one is given (the report writes it as
+`worker.log` either way). Nothing is written to the temp folder: the job goes down the worker's stdin as
+one line, and the hang stacks go to anonymous temporary files both sides hold open.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 from bench.records.sample import ErrorInfo
 from bench.targets.base import Emit, RolloutJob
 
+from .capped_log import CappedLog, LogPipe
+from .escapees import RUN_MARKER, kill_marked, new_marker
 from .protocol import TASK_MARKER, decode, error_from_dict, job_to_json, record_from_dict
 from .warm_client import WarmProcess, fork_from_warm
 
@@ -51,7 +56,7 @@ def _source_root() -> str:
 
 
 def worker_env(python: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != RUN_MARKER}  # each run sets its own
     # Same environment = same bin folder. Not `resolve()`: every venv's python is a symlink to one base
     # interpreter, and resolving would hand another environment this one's site-packages.
     same = Path(os.path.abspath(python)).parent == Path(os.path.abspath(sys.executable)).parent
@@ -67,18 +72,20 @@ def worker_env(python: str) -> dict[str, str]:
     return env
 
 
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
+def _read(file: Any) -> str:
+    """All of an anonymous file the worker writes (at its own offset: read from the start, without seeking)."""
+    size = os.fstat(file.fileno()).st_size
+    return os.pread(file.fileno(), size, 0).decode(errors="replace") if size else ""
 
 
-def _task_stacks(path: Path) -> list[str]:
+def _task_stacks(file: Any) -> list[str]:
     """One entry per pending asyncio task (the worker separates them with its marker)."""
-    return [TASK_MARKER + chunk.strip() for chunk in _read(path).split(TASK_MARKER) if chunk.strip()]
+    return [TASK_MARKER + chunk.strip() for chunk in _read(file).split(TASK_MARKER) if chunk.strip()]
 
 
-def _thread_stacks(path: Path) -> list[str]:
+def _thread_stacks(file: Any) -> list[str]:
     """One entry per thread, from faulthandler's blank-line separated blocks."""
-    return [chunk.strip() for chunk in _read(path).split("\n\n") if chunk.strip()]
+    return [chunk.strip() for chunk in _read(file).split("\n\n") if chunk.strip()]
 
 
 class IsolatedTarget:
@@ -104,9 +111,13 @@ class IsolatedTarget:
         self._spawned: float | None = None
         self.leaked_tasks = 0
         self.returned_at: float | None = None  # unix time the rollout returned or raised
-        self._scratch = Path(tempfile.mkdtemp(prefix="rollout-bench-worker-"))
-        self.log_path = Path(log_path) if log_path else self._scratch / "worker.log"
-        self._stacks_path = self._scratch / "stacks.txt"
+        self.log_path = Path(log_path) if log_path else None  # also written here at the end, when given
+        self._log = CappedLog()
+        self._log_pipe: LogPipe | None = None
+        self.marker = new_marker()  # in the environment of every process this run's worker starts
+        # faulthandler's thread stacks and the pending tasks' stacks: unlinked files, gone with the last holder
+        self._stacks, self._tasks = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self._finished = False
         self._process: asyncio.subprocess.Process | WarmProcess | None = None
         self.started = asyncio.Event()  # the worker loaded the target (its imports can take many seconds)
 
@@ -115,31 +126,35 @@ class IsolatedTarget:
         if self._process is not None:
             return
         self._spawned = time.monotonic()
-        if self.warm:
-            forked, self.warm_note = await fork_from_warm(self.python, self.spec, options, self._stacks_path,
-                                                          self.log_path, worker_env(self.python), LINE_LIMIT)
-            if forked is not None:
-                self._process, self.worker_pid, self.forked_from_warm = forked, forked.pid, True
-                return
-        with self.log_path.open("wb") as log:
+        self._log_pipe = LogPipe(self._log)
+        env = {**worker_env(self.python), RUN_MARKER: self.marker}
+        stack_fds = (self._stacks.fileno(), self._tasks.fileno())
+        try:
+            if self.warm:
+                forked, self.warm_note = await fork_from_warm(self.python, self.spec, options, stack_fds,
+                                                              self._log_pipe.write_fd, env, LINE_LIMIT)
+                if forked is not None:
+                    self._process, self.worker_pid, self.forked_from_warm = forked, forked.pid, True
+                    return
             try:
                 self._process = await asyncio.create_subprocess_exec(
                     self.python, "-m", "bench.isolation.worker", self.spec, json.dumps(options),
-                    str(self._stacks_path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    stderr=log, env=worker_env(self.python), start_new_session=True, limit=LINE_LIMIT)
+                    "fd:{},{}".format(*stack_fds), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                    stderr=self._log_pipe.write_fd, pass_fds=stack_fds, env=env, start_new_session=True,
+                    limit=LINE_LIMIT)
             except OSError as error:
                 raise TargetStartError(f"target {self.spec!r}: cannot start the worker interpreter "
                                        f"{self.python}: {error}") from None
-        self.worker_pid = self._process.pid
+            self.worker_pid = self._process.pid
+        finally:
+            self._log_pipe.close_write_end()  # the worker holds its copy: end of file when it and its children end
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         await self.start(job.options)
         assert self._process is not None and self._process.stdin is not None
-        job_path = self._scratch / "job.json"
-        job_path.write_text(job_to_json(job))
         try:
             try:
-                self._process.stdin.write(f"{job_path}\n".encode())
+                self._process.stdin.write(job_to_json(job).encode() + b"\n")  # one line: JSON escapes newlines
                 await self._process.stdin.drain()
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the worker already ended (a start error): its messages say why
@@ -151,10 +166,29 @@ class IsolatedTarget:
             await self._stop()
 
     async def close(self) -> None:
-        """End a worker that was started but never given a job (the trace or server failed to load)."""
+        """End a worker that was started but never given a job (the trace or server failed to load), and
+        whatever its run left: escaped processes, the log pipe, the stack files."""
         if self._process is not None and self._process.returncode is None:
             self._kill()
             await self._process.wait()
+        await self._finish()
+
+    async def _finish(self) -> None:
+        """Once the worker is gone: kill what escaped its group, collect the last of its output, write the log."""
+        if self._finished:
+            return
+        self._finished = True
+        await asyncio.to_thread(kill_marked, RUN_MARKER, self.marker)
+        if self._log_pipe is not None:
+            await asyncio.to_thread(self._log_pipe.wait, 2.0)  # a holder that escaped the marker: stop waiting
+        if self.log_path is not None:
+            self._log.write(self.log_path)
+        self._stacks.close()
+        self._tasks.close()
+
+    def log_text(self) -> str:
+        """The target's output (capped: `capped_log`)."""
+        return self._log.text()
 
     async def _relay(self, emit: Emit) -> None:
         assert self._process is not None and self._process.stdout is not None
@@ -190,11 +224,12 @@ class IsolatedTarget:
             elif kind == "fatal":
                 error = error_from_dict(message["error"])
                 raise TargetStartError(f"target {self.spec!r} could not start under {self.python}: "
-                                       f"{error.type}: {error.message}\n{self._log_tail()}")
+                                       f"{error.type}: {error.message}\n{await asyncio.to_thread(self._log_tail)}")
         if not done:
             status = await self._process.wait()
             raise WorkerDied(f"worker for {self.spec!r} (pid {self.worker_pid}) exited with status {status} "
-                             f"before the rollout finished; its log, {self.log_path}, ends:\n{self._log_tail()}")
+                             f"before the rollout finished; its log (worker.log in the report) ends:\n"
+                             f"{await asyncio.to_thread(self._log_tail)}")
         if crashed is not None:
             raise TargetCrashed(crashed)
 
@@ -208,8 +243,7 @@ class IsolatedTarget:
             except ProcessLookupError:
                 return []
             await asyncio.sleep(settle_s)
-        return _task_stacks(self._stacks_path.with_name(self._stacks_path.name + ".tasks")) + \
-            _thread_stacks(self._stacks_path)
+        return _task_stacks(self._tasks) + _thread_stacks(self._stacks)
 
     async def _stop(self) -> None:
         """The worker exits by itself after `done`; anything else (hang, crash, cancel) is killed, group and all."""
@@ -224,22 +258,23 @@ class IsolatedTarget:
         self._kill()
         if process.returncode is None:
             await process.wait()
-        (self._scratch / "job.json").unlink(missing_ok=True)  # a whole batch of prompts: not kept per run
+        await self._finish()
 
     def _kill(self) -> None:
-        """SIGKILL the worker's process group: it leads its own session, so its children go too."""
+        """SIGKILL the worker's process group (it leads its own session, so its children go too), then every
+        process carrying this run's marker (children that left the group with `setsid`)."""
         if self._process is not None:
             try:
                 os.killpg(self._process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            kill_marked(RUN_MARKER, self.marker)
 
     def _log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no worker log)"
-        return "\n".join(text.splitlines()[-lines:])
+        if self._log_pipe is not None:
+            self._log_pipe.wait(2.0)  # the worker ended: its last lines are in the pipe
+        text = self._log.text()
+        return "\n".join(text.splitlines()[-lines:]) if text else "(the worker wrote nothing)"
 
     def framework_info(self) -> dict[str, str] | None:
         """What the target in the worker said about its framework's code (its `framework_info()`)."""
@@ -249,4 +284,5 @@ class IsolatedTarget:
         return {"spec": self.spec, "python": self.python, "pid": self.worker_pid, "cpu_s": self.worker_cpu_s,
                 "startup_s": self.startup_s, "prepare_s": self.prepare_s, "forked_from_warm": self.forked_from_warm,
                 **({"warm_note": self.warm_note} if self.warm_note else {}),
-                "leaked_tasks": self.leaked_tasks, "versions": self.versions, "log": str(self.log_path)}
+                "leaked_tasks": self.leaked_tasks, "versions": self.versions,
+                "log": str(self.log_path) if self.log_path else None, "log_bytes_left_out": self._log.dropped}

@@ -2,8 +2,8 @@
 
 miles takes 7-10 s to import on a 2-core machine (torch, megatron.core, transformers), more than
 the rollout a repro replays. A warm worker pays that once: it loads the target and its `warm_up`,
-then listens on a Unix socket; each run that finds the socket sends the three ends of its pipes
-(stdin, stdout, the log) and gets a child `fork`ed from the warm process, which is an ordinary
+then listens on a Unix socket; each run that finds the socket sends the ends of its pipes
+(stdin, stdout, the log) and its stack files and gets a child `fork`ed from the warm process, which is an ordinary
 worker (`worker.main`) in a new session: same protocol, same `os._exit`, killed by process group,
 so isolation is what a cold worker gives. Nothing a run does reaches the warm process: frameworks
 make their clients and singletons during the run, in the child.
@@ -12,8 +12,8 @@ A fork runs the code imported at warm-up. When any file behind an imported modul
 to the framework, a bench upgrade) the warm worker refuses the run, names the file and exits; the run
 falls back to a cold worker. It also exits after IDLE_S seconds without a run, or on SIGTERM/SIGINT.
 
-Control messages are JSON lines on the connection: the run sends {spec, options, stacks, cwd, env}
-with the three descriptors; the warm worker answers {"pid": N} or {"refused": why}, then
+Control messages are JSON lines on the connection: the run sends {spec, options, cwd, env} with five
+descriptors (stdin, stdout, the log pipe, the two stack files); the warm worker answers {"pid": N} or {"refused": why}, then
 {"exit": status} when the child ends.
 """
 
@@ -66,23 +66,24 @@ def _send(conn: socket.socket, **message: Any) -> None:
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+    data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 5)
     while not data.endswith(b"\n"):
         more = conn.recv(MAX_REQUEST)
         if not more:
             break
         data += more
-    request = json.loads(data)
-    if len(fds) != 3:
-        raise ValueError(f"expected 3 descriptors (stdin, stdout, log), got {len(fds)}")
-    return request, fds
+    if len(fds) != 5:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"expected 5 descriptors (stdin, stdout, log, thread stacks, task stacks), got {len(fds)}")
+    return json.loads(data), fds
 
 
 def _become_worker(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: take the run's pipes and environment, then run as an ordinary worker."""
     try:
         os.setsid()  # its own process group: the harness kills it and its children together
-        for target_fd, fd in enumerate(fds):
+        for target_fd, fd in enumerate(fds[:3]):
             os.dup2(fd, target_fd)
             os.close(fd)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
@@ -93,7 +94,8 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> None:
         for entry in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
             if entry and entry not in sys.path:
                 sys.path.insert(0, entry)
-        worker.main([request["spec"], json.dumps(request["options"]), request["stacks"]], parent_is_harness=False)
+        worker.main([request["spec"], json.dumps(request["options"]), f"fd:{fds[3]},{fds[4]}"],
+                    parent_is_harness=False)
     finally:
         os._exit(5)  # worker.main never returns; this only runs if setting up the child failed
 

@@ -26,18 +26,20 @@ class WarmStartError(RuntimeError):
     """`rollout-bench worker` could not start a warm worker (the target failed to load, a bad interpreter)."""
 
 
-def runtime_dir() -> Path:
-    """Where warm workers' sockets live: $ROLLOUT_BENCH_RUNTIME_DIR, else per user under the temp folder."""
+def runtime_dir(create: bool = True) -> Path:
+    """Where warm workers' sockets live: $ROLLOUT_BENCH_RUNTIME_DIR, else per user under the temp folder.
+    Made only by a warm worker's start (`create`): a run that merely looks for one leaves nothing behind."""
     folder = Path(os.environ.get(RUNTIME_ENV) or Path(tempfile.gettempdir()) / f"rollout-bench-{os.getuid()}")
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if create:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     return folder
 
 
-def socket_path(python: str, spec: str) -> Path:
+def socket_path(python: str, spec: str, create: bool = False) -> Path:
     framework = spec.split(":", 1)[0]
     digest = hashlib.sha1(os.path.abspath(python).encode()).hexdigest()[:10]
     # short: a Unix socket path must fit in 107 bytes
-    return runtime_dir() / f"w-{framework.replace('/', '_')[:24]}-{digest}.sock"
+    return runtime_dir(create) / f"w-{framework.replace('/', '_')[:24]}-{digest}.sock"
 
 
 class WarmProcess:
@@ -65,7 +67,7 @@ class WarmProcess:
         return await asyncio.shield(self._exited)
 
 
-async def fork_from_warm(python: str, spec: str, options: dict[str, Any], stacks: Path, log_path: Path,
+async def fork_from_warm(python: str, spec: str, options: dict[str, Any], stack_fds: tuple[int, int], log_fd: int,
                          env: dict[str, str], limit: int) -> tuple[WarmProcess | None, str]:
     """A worker forked from the warm worker for (python, spec), or (None, why not) to start a cold one."""
     path = socket_path(python, spec)
@@ -79,15 +81,14 @@ async def fork_from_warm(python: str, spec: str, options: dict[str, Any], stacks
         return None, f"warm worker at {path} did not answer ({error})"
     stdin_read, stdin_write = os.pipe()
     stdout_read, stdout_write = os.pipe()
-    request = {"spec": spec, "options": options, "stacks": str(stacks), "cwd": os.getcwd(), "env": env}
-    with log_path.open("wb") as log:
-        try:
-            socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [stdin_read, stdout_write, log.fileno()])
-        except OSError as error:
-            for fd in (stdin_read, stdin_write, stdout_read, stdout_write):
-                os.close(fd)
-            conn.close()
-            return None, f"warm worker at {path} did not take the run ({error})"
+    request = {"spec": spec, "options": options, "cwd": os.getcwd(), "env": env}
+    try:  # stdin, stdout, stderr (the log pipe), then the two stack files
+        socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [stdin_read, stdout_write, log_fd, *stack_fds])
+    except OSError as error:
+        for fd in (stdin_read, stdin_write, stdout_read, stdout_write):
+            os.close(fd)
+        conn.close()
+        return None, f"warm worker at {path} did not take the run ({error})"
     os.close(stdin_read)
     os.close(stdout_write)
     control, control_writer = await asyncio.open_unix_connection(sock=conn)
@@ -133,7 +134,7 @@ def stop_warm(python: str, spec: str) -> int | None:
 def start_warm(python: str, spec: str, options: dict[str, Any], idle_s: float, env: dict[str, str],
                log_path: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """Start a warm worker for (python, spec) and wait until it imported the target; its stderr goes to `log_path`."""
-    path = socket_path(python, spec)
+    path = socket_path(python, spec, create=True)
     with log_path.open("wb") as log:
         process = subprocess.Popen([python, "-m", "bench.isolation.warm", str(path), spec, json.dumps(options),
                                     str(idle_s)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,

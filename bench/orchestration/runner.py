@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
+import os
 import threading
 import time
 from array import array
@@ -21,6 +23,8 @@ from typing import Any, Callable
 from bench.invariants import Bounds, HangReport, RunView, Violation, check_all, provenance
 from bench.invariants.fault_reach import with_reach
 from bench.isolation import IsolatedTarget, TargetCrashed, TargetStartError
+from bench.isolation.escapees import RUN_MARKER, kill_marked, new_marker
+from bench.isolation.exits import error_info, exits_as_errors, print_awaited
 from bench.progress import progress_bar
 from bench.records import attribution
 from bench.records.request_log import RequestRecord
@@ -34,6 +38,7 @@ from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import FaultEvent, Plan
 
 from .known import KnownViolation, resolve_known, split
+from .interrupt import INTERRUPTED, Interrupt
 
 DEFAULT_PLAN = "seed-000"
 ISOLATIONS = ("process", "inline")
@@ -57,7 +62,7 @@ class RunConfig:
     target_options: dict[str, Any] = field(default_factory=dict)  # handed to the target as `job.options`
     isolation: str = "process"  # "process": a worker process per run; "inline": a task in this process
     python: str | None = None  # the worker's interpreter (default: the target's built environment, else this one)
-    worker_log: str | None = None  # where the worker's stderr goes (default: a temp file)
+    worker_log: str | None = None  # also write the worker's output here (the report has it as worker.log anyway)
     warm: bool = True  # fork the worker from a warm worker (`rollout-bench worker`) when one runs for the target
     known: str | None = None  # known findings (`bench.orchestration.known`): a shipped name or a TOML path
     # a live engine's URL: its answers, through the fault proxy, instead of the trace's (`bench.server.proxy`); the
@@ -72,6 +77,20 @@ class RunConfig:
             raise ValueError(f"isolation {self.isolation!r} is not one of {', '.join(ISOLATIONS)}")
         if self.python is not None and self.isolation != "process":
             raise ValueError("python= needs isolation='process': another interpreter means another process")
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Values that would make a run meaningless fail here, naming the field, not as a hang after it."""
+        if self.n is not None and self.n < 1:
+            raise ValueError(f"n={self.n}: a run needs at least 1 trajectory")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency={self.concurrency}: needs at least 1 request in flight")
+        for name in ("watchdog_s", "deadline_s", "startup_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name}={value}: needs a finite number of seconds > 0")
+        if not math.isfinite(self.time_scale) or self.time_scale < 0:
+            raise ValueError(f"time_scale={self.time_scale}: needs a finite number >= 0")
 
 
 @dataclass
@@ -100,6 +119,10 @@ class RunResult:
     provenance: dict[str, str] = field(default_factory=dict)  # per trajectory: the provenance check's verdict
     tokens_source: str = "served"  # the target's declaration: "retokenized" when its framework re-tokenises text
     framework: dict[str, str] | None = None  # the framework's code: installed version, or checkout and commit
+    worker_log: str | None = None  # the worker's output (the target's prints and logs), capped: `capped_log`
+    # SIGINT/SIGTERM to the bench ended the run early: what it gathered is reported, marked so (`interruption`)
+    interrupted: str | None = None
+    violations_not_judged: int = 0  # found on trajectories the interruption cut off, or on the whole run: dropped
 
     def __repr__(self) -> str:
         """Short: `asyncio.run` formats the finished main task's result when it restores the SIGINT handler, and
@@ -120,14 +143,18 @@ def _spec(trajectory: RecordedTrajectory) -> TrajectorySpec:
 
 
 async def _started(task: asyncio.Task[None], target: TargetAdapter, limit_s: float,
-                   prepared: asyncio.Event) -> bool:
+                   prepared: asyncio.Event, interrupt: Interrupt | None) -> bool:
     """Wait until the target is loaded (an isolated target's worker said so) and has prepared for its job
     (`prepare(job)`, if it has one: a framework's own start-up, such as a Ray runtime and its actors);
-    False if that did not happen within `limit_s` seconds."""
+    False if that did not happen within `limit_s` seconds (or the run was interrupted meanwhile)."""
     started = target.started if isinstance(target, IsolatedTarget) else prepared
     ready = asyncio.create_task(started.wait())
-    await asyncio.wait({task, ready}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
-    ready.cancel()
+    waits = {task, ready}
+    if interrupt is not None:
+        waits.add(asyncio.create_task(interrupt.event.wait()))
+    await asyncio.wait(waits, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waits - {task}:
+        waiter.cancel()
     return task.done() or started.is_set()
 
 
@@ -137,12 +164,13 @@ async def _prepare_and_run(target: TargetAdapter, job: RolloutJob, emit: Emit, p
     if prepare is not None:
         await asyncio.to_thread(prepare, job)
     prepared.set()
-    await target.run(job, emit)
+    await exits_as_errors(target.run(job, emit))  # an inline target's sys.exit must not end the bench
 
 
 def _stack(task: asyncio.Task[Any]) -> str:
     buffer = io.StringIO()
     task.print_stack(file=buffer)
+    print_awaited(task.get_coro(), buffer)
     return buffer.getvalue()
 
 
@@ -175,15 +203,17 @@ def _loss_cause(trajectory: str, batch_error: ErrorInfo | None, hang: HangReport
 def _batch_error(error: BaseException) -> ErrorInfo:
     if isinstance(error, TargetCrashed):
         return error.info  # the original exception, as the worker saw it
-    return ErrorInfo.of(error)
+    return error_info(error)
 
 
 async def run(config: RunConfig, *, show_progress: bool = False,
-              while_starting: Callable[[], None] | None = None) -> RunResult:
+              while_starting: Callable[[], None] | None = None, interrupt: Interrupt | None = None) -> RunResult:
     """Run one bench scenario to the end, whatever the target does.
 
     `while_starting` runs on a thread while the worker imports the target (the command line loads its
-    report writer there): on a framework that takes seconds to import, that time is otherwise idle."""
+    report writer there): on a framework that takes seconds to import, that time is otherwise idle.
+    `interrupt` (set by a signal handler) ends the run early: the worker is killed and the result holds
+    what came back until then, marked `interrupted`."""
     known = resolve_known(config.known) if config.known else None  # a bad file fails before any worker starts
     target: TargetAdapter = _target(config)
     started, clock, cpu = time.time(), time.monotonic(), time.process_time()
@@ -191,9 +221,14 @@ async def run(config: RunConfig, *, show_progress: bool = False,
         # its imports overlap the trace loading below; the trace's path lets it skip what the trace won't need
         await target.start({"trace": str(resolve_trace(config.trace).resolve()), **config.target_options})
     side_work = _SideWork(while_starting) if while_starting else None
+    # an inline target's child processes carry a marker too, so what it started is killed at the end
+    inline_marker, outer_marker = (None, None) if isinstance(target, IsolatedTarget) else \
+        (new_marker(), os.environ.get(RUN_MARKER))
+    if inline_marker:
+        os.environ[RUN_MARKER] = inline_marker
     try:
         result = await _run_with(target, config, started, clock, side_work.cpu_s if side_work else lambda: 0.0, cpu,
-                                 show_progress)
+                                 show_progress, interrupt)
         if known is not None:
             result.violations, result.known_violations = split(result.violations, known[1], result.target,
                                                                 result.recorded_outcomes)
@@ -204,6 +239,16 @@ async def run(config: RunConfig, *, show_progress: bool = False,
             await side_work.wait()
         if isinstance(target, IsolatedTarget):
             await target.close()
+        if inline_marker:
+            _restore(RUN_MARKER, outer_marker)
+            await asyncio.to_thread(kill_marked, RUN_MARKER, inline_marker)
+
+
+def _restore(variable: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(variable, None)
+    else:
+        os.environ[variable] = value
 
 
 class _SideWork:
@@ -238,7 +283,8 @@ class _SideWork:
 
 
 async def _run_with(target: TargetAdapter, config: RunConfig, started: float, clock: float,
-                    side_cpu_s: Callable[[], float], cpu: float, show_progress: bool) -> RunResult:
+                    side_cpu_s: Callable[[], float], cpu: float, show_progress: bool,
+                    interrupt: Interrupt | None) -> RunResult:
     from bench.server import BenchServer  # after the worker's start: aiohttp's server is a few hundred ms to import
 
     from .watchdog import DEADLINE, HANG, ServedTurns, Stall, watch
@@ -277,7 +323,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         task = asyncio.create_task(_prepare_and_run(target, job, emit, prepared), name=f"target {target.name}")
         deadline = clock + config.deadline_s
         startup_limit = min(config.startup_s, max(0.0, deadline - time.monotonic()))
-        started_in_time = await _started(task, target, startup_limit, prepared)
+        started_in_time = await _started(task, target, startup_limit, prepared, interrupt)
         server.context.faults.start_clock()  # `server_start` windows count from here (the rest: the first request)
         served = ServedTurns(server.log, store)
 
@@ -286,15 +332,22 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
             turns, requests = served.update()
             return len(records) + turns, requests
 
-        stall = await watch(task, progress, config.watchdog_s, deadline) if started_in_time else \
-            Stall(DEADLINE if startup_limit < config.startup_s else HANG, startup_limit, 0)
+        if interrupt is not None and interrupt.is_set:
+            stall: Stall | None = Stall(INTERRUPTED, 0.0, 0)
+        elif started_in_time:
+            stall = await watch(task, progress, config.watchdog_s, deadline, interrupt)
+        else:
+            stall = Stall(DEADLINE if startup_limit < config.startup_s else HANG, startup_limit, 0)
+        interrupted = interrupt.reason if stall is not None and stall.kind == INTERRUPTED and interrupt else None
         hung = stall is not None
         idle_s = config.watchdog_s if started_in_time else config.startup_s
         returned_at = None if hung else time.time()
         accepting = False
         bar.close()
         hang = batch_error = None
-        if stall is not None:
+        if interrupted:
+            pass  # not the target's doing: no stacks, no liveness verdict
+        elif stall is not None:
             if isinstance(target, IsolatedTarget):
                 stacks = await target.dump_stacks()
             else:
@@ -312,9 +365,12 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         orphans = {t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()}
         await _cancel(orphans)
         isolated = target if isinstance(target, IsolatedTarget) else None
+        returned = set(records)
         for spec in specs:
             if spec.id not in records:
-                records[spec.id] = SampleRecord(spec.id, spec.group, "lost", error=_loss_cause(spec.id, batch_error, hang),
+                cause = ErrorInfo("Interrupted", f"the bench got {interrupted} before this trajectory came back", "") \
+                    if interrupted else _loss_cause(spec.id, batch_error, hang)
+                records[spec.id] = SampleRecord(spec.id, spec.group, "lost", error=cause,
                                                 prompt_length=len(spec.prompt_ids))
         duration = time.monotonic() - clock
         ordered = [records[s.id] for s in specs]
@@ -330,14 +386,17 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                        tokens_source_of(target), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                        upstream=config.upstream)
         violations = check_all(view, config.invariants)
+        judged = [v for v in violations if v.trajectory in returned] if interrupted else violations
         return RunResult(config, target.name, str(store.path), store.header.context_length, ordered,
-                         view.requests, view.fault_events, violations, batch_error, hang, started, duration,
+                         view.requests, view.fault_events, judged, batch_error, hang, started, duration,
                          isolated.leaked_tasks if isolated else len(orphans), config.isolation,
                          isolated.describe() if isolated else None, time.process_time() - cpu - side_cpu_s(),
                          isolated.returned_at if isolated else returned_at,
                          recorded_outcomes={t.id: t.recorded_outcome for t in chosen}, served=view.served,
                          provenance={t: a.label for t, a in provenance.assess(view).items()},
-                         tokens_source=view.tokens_source, framework=framework)
+                         tokens_source=view.tokens_source, framework=framework,
+                         worker_log=isolated.log_text() if isolated else None, interrupted=interrupted,
+                         violations_not_judged=len(violations) - len(judged))
 
 
 def declared_bounds(bounds: Bounds, framework: dict[str, str] | None) -> Bounds:

@@ -19,6 +19,8 @@ from bench.records.request_log import RequestLog, RequestRecord
 from bench.replay.store import TraceStore
 from bench.server.router import GENERATION_ROUTES
 
+from .interrupt import INTERRUPTED, Interrupt
+
 HANG, LIVELOCK, DEADLINE = "hang", "livelock", "deadline"
 
 
@@ -74,22 +76,40 @@ class Stall:
 
 
 async def watch(task: asyncio.Task[Any], progress: Callable[[], tuple[int, int]], idle_s: float,
-                deadline: float | None = None) -> Stall | None:
+                deadline: float | None = None, interrupt: Interrupt | None = None) -> Stall | None:
     """Wait for the target's task; None if it ended, else the stall that ended the wait.
 
     `progress` returns (finished work, requests received), both only growing; `deadline` is a
-    `time.monotonic()` instant that ends the run whatever it is doing."""
+    `time.monotonic()` instant that ends the run whatever it is doing; `interrupt` ends it at once."""
     (last, requests_then), changed = progress(), time.monotonic()
-    while not task.done():
-        timeout = min(0.25, idle_s) if deadline is None else min(0.25, idle_s, deadline - time.monotonic())
-        await asyncio.wait({task}, timeout=max(0.0, timeout))
-        if task.done():
-            break
-        now, (count, requests) = time.monotonic(), progress()
-        if count != last:
-            last, changed, requests_then = count, now, requests
-        if deadline is not None and now >= deadline:
-            return Stall(DEADLINE, now - changed, requests - requests_then)
-        if now - changed > idle_s:
-            return Stall(LIVELOCK if requests > requests_then else HANG, now - changed, requests - requests_then)
-    return None
+    interrupted = asyncio.ensure_future(interrupt.event.wait()) if interrupt is not None else None
+    try:
+        while not task.done():
+            timeout = min(0.25, idle_s) if deadline is None else min(0.25, idle_s, deadline - time.monotonic())
+            await asyncio.wait({task, *([interrupted] if interrupted else [])}, timeout=max(0.0, timeout))
+            if task.done():
+                break
+            now, (count, requests) = time.monotonic(), progress()
+            if interrupted is not None and interrupted.done():
+                return Stall(INTERRUPTED, now - changed, requests - requests_then)
+            stall = _stalled(now, count, requests, last, changed, requests_then, idle_s, deadline)
+            if isinstance(stall, Stall):
+                return stall
+            last, changed, requests_then = stall
+        return None
+    finally:
+        if interrupted is not None:
+            interrupted.cancel()
+
+
+def _stalled(now: float, count: int, requests: int, last: int, changed: float, requests_then: int, idle_s: float,
+             deadline: float | None) -> Stall | tuple[int, float, int]:
+    """The stall this moment shows, or the updated (last progress, when it changed, requests then)."""
+    if count != last:
+        last, changed, requests_then = count, now, requests
+    if deadline is not None and now >= deadline:
+        return Stall(DEADLINE, now - changed, requests - requests_then)
+    if now - changed > idle_s:
+        return Stall(LIVELOCK if requests > requests_then else HANG, now - changed, requests - requests_then)
+    return last, changed, requests_then
+

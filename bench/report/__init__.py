@@ -47,6 +47,9 @@ def add_to_summary(folder: str | Path, key: str, value: Any) -> None:
 
 def _keep_worker_log(result: RunResult, folder: Path) -> None:
     """The target's own output (framework logs, tracebacks) belongs with the run's evidence."""
+    if result.worker_log is not None:
+        (folder / "worker.log").write_text(result.worker_log, encoding="utf-8")
+        return
     log = Path(result.worker["log"]) if result.worker and result.worker.get("log") else None
     if log is not None and log.exists() and log.resolve() != (folder / "worker.log").resolve():
         shutil.copyfile(log, folder / "worker.log")
@@ -60,6 +63,10 @@ def load(folder: str | Path) -> dict[str, Any]:
         return load_sweep(folder)
     out: dict[str, Any] = dict(read_tables(folder))
     out["summary"] = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    rows, expected = len(out["trajectories"]), out["summary"].get("trajectories")
+    if isinstance(expected, int) and rows != expected:
+        raise ValueError(f"{folder}: the trajectories table has {rows} rows, summary.json says {expected}: "
+                         "the table was cut off or edited")
     if (folder / SERVED_FILE).exists():
         out["served"] = ServedArrays.load(folder / SERVED_FILE)
     return out

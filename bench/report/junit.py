@@ -35,8 +35,10 @@ def _provenance_properties(case: ET.Element, provenance: dict[str, Any]) -> str:
 def write_junit(result: RunResult, path: Path, provenance: dict[str, Any] | None = None) -> Path:
     """`provenance`: the summary's provenance block, for that test case's per-fault properties."""
     checked = result.config.invariants or list(INVARIANTS)
-    suite = ET.Element("testsuite", name=f"rollout-bench {result.target}", tests=str(len(checked)),
-                       failures=str(len({v.invariant for v in result.violations})), errors="0",
+    suite = ET.Element("testsuite", name=f"rollout-bench {result.target}",
+                       tests=str(len(checked) + bool(result.interrupted)),
+                       failures=str(len({v.invariant for v in result.violations})),
+                       errors=str(int(bool(result.interrupted))),
                        skipped=str(len({k.violation.invariant for k in result.known_violations}
                                        - {v.invariant for v in result.violations})
                                    + (result.config.upstream is not None and "replay_fidelity" in checked)),
@@ -56,6 +58,11 @@ def write_junit(result: RunResult, path: Path, provenance: dict[str, Any] | None
         elif known:  # only known findings: skipped with the reason, so CI shows them without failing
             skipped = ET.SubElement(case, "skipped", message=f"{len(known)} known: {known[0].finding.reason}")
             skipped.text = "\n".join(f"{k.violation.trajectory or '-'}: {k.violation.message}" for k in known)
+    if result.interrupted:  # CI must not read an interrupted run's unjudged invariants as passes
+        case = ET.SubElement(suite, "testcase", classname=f"rollout_bench.{result.target}", name="run")
+        ET.SubElement(case, "error", type="interrupted",
+                      message=f"the run was interrupted by {result.interrupted}: only what came back until then "
+                              f"was judged ({result.violations_not_judged} findings not judged)")
     tree = ET.ElementTree(suite)
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)

@@ -139,6 +139,9 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "started": result.started,
         "duration_s": round(result.duration_s, 4),
         "trajectories": n,
+        # SIGINT/SIGTERM ended the run early: the report holds what came back until then
+        "interrupted": None if not result.interrupted else {
+            "signal": result.interrupted, "violations_not_judged": result.violations_not_judged},
         "outcomes": outcomes,
         "drop_rate": round(float(dropped.mean()), 6) if n else 0.0,
         "drop_rate_by_fault": by_fault,
@@ -198,7 +201,11 @@ def framework_line(info: dict[str, str]) -> str:
 def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     """The terminal's end-of-run table (`folder`: the report's, named where the whole traceback is)."""
     outcomes = ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items() if v)
+    interrupted = summary.get("interrupted")
     lines = [
+        *([("INTERRUPTED", f"by {interrupted['signal']}: what came back until then; "
+                           f"{interrupted['violations_not_judged']} findings on cut-off trajectories or the whole "
+                           "run not judged")] if interrupted else []),
         ("target", summary["target"]),
         *([("framework", framework_line(summary["framework"]))] if summary.get("framework") else []),
         ("plan / seed", f"{summary['plan']} / {summary['seed']}"),

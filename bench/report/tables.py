@@ -64,6 +64,19 @@ def write_tables(tables: dict[str, pd.DataFrame], folder: Path) -> list[Path]:
     return written
 
 
+def _check_complete(csv: Path) -> None:
+    """A CSV the bench wrote ends with a newline; one that does not was cut off (a full disk, a killed copy),
+    and pandas would read its last row with the missing fields empty, silently."""
+    with csv.open("rb") as file:
+        file.seek(0, 2)
+        size = file.tell()
+        if size == 0:
+            raise ValueError(f"{csv}: empty: the table was cut off or never written")
+        file.seek(size - 1)
+        if file.read(1) != b"\n":
+            raise ValueError(f"{csv}: truncated: its last line is incomplete (the file was cut off)")
+
+
 def read_tables(folder: Path) -> dict[str, pd.DataFrame]:
     out = {}
     for name in TABLES:
@@ -71,6 +84,7 @@ def read_tables(folder: Path) -> dict[str, pd.DataFrame]:
         if parquet.exists():
             out[name] = pd.read_parquet(parquet)
         elif csv.exists():
+            _check_complete(csv)
             out[name] = pd.read_csv(csv)
             if name == "trajectories":  # a run without fault events writes an empty column, read back as floats
                 out[name]["faults"] = out[name]["faults"].astype(object).fillna("")

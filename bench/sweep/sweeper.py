@@ -6,11 +6,20 @@ crashes, or hangs past `timeout_s` (killed with everything it started), is a row
 with outcome `crashed` / `timeout`, never a lost sweep. The table (`DIR/sweep.csv`, see
 `table`) is rewritten after every run, so an interrupted sweep keeps what it finished.
 What a fault rate does to a plan is `grid`'s docstring.
+
+An interrupted sweep (SIGINT, SIGTERM) sends its runs SIGTERM, so each writes the report of what it
+gathered, marked interrupted; after `STOP_GRACE_S` whatever still runs is killed with its children, and
+`sweep.json` says `interrupted`. A sweep killed outright (SIGKILL) takes its runs along too: each run's
+stdin is a pipe only the sweep holds (`ROLLOUT_BENCH_STDIN_LIFELINE`), and a run whose stdin reaches end
+of file kills its process group, its workers following through their own lifelines. Every process a
+sweep starts carries the sweep's marker in its environment (`bench.isolation.escapees`), and the sweep
+kills whatever still carries it when it ends.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -27,6 +36,7 @@ from tqdm import tqdm
 
 from bench import __version__
 from bench.invariants import INVARIANTS
+from bench.isolation.escapees import SWEEP_MARKER, kill_marked, new_marker
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan
 
@@ -63,6 +73,13 @@ class SweepOptions:
             raise SweepError(f"--timeout {self.timeout_s:g}: needs a positive number of seconds")
         if self.n is not None and self.n < 1:
             raise SweepError(f"--n {self.n}: needs at least 1 trajectory")
+        if self.concurrency < 1:
+            raise SweepError(f"--concurrency {self.concurrency}: needs at least 1")
+        if not math.isfinite(self.watchdog_s) or self.watchdog_s <= 0:
+            raise SweepError(f"--watchdog {self.watchdog_s:g}: needs a positive number of seconds")
+        if not math.isfinite(self.timeout_s) or not math.isfinite(self.time_scale) or self.time_scale < 0:
+            raise SweepError(f"--timeout {self.timeout_s:g} / --time-scale {self.time_scale:g}: need finite numbers, "
+                             "the time scale 0 or more")
         unknown = [name for name in self.invariants or () if name not in INVARIANTS]
         if unknown or self.invariants == ():
             raise SweepError(f"--invariants {','.join(self.invariants or ())!r}: unknown or none "
@@ -82,7 +99,8 @@ def run_command(point: GridPoint, plan_file: Path, folder: Path, options: SweepO
     command = [sys.executable, "-m", "bench", "run", "--trace", options.trace, "--plan", str(plan_file),
                "--seed", str(point.seed), "--target", point.target, "--time-scale", f"{options.time_scale:g}",
                "--concurrency", str(options.concurrency), "--watchdog", f"{options.watchdog_s:g}",
-               "--out", str(folder), "--repro-reruns", "1"]  # a grid of failing runs: verify, do not shrink
+               "--out", str(folder), "--force",  # the run's folder already holds its plan.toml and run.log
+               "--repro-reruns", "1"]  # a grid of failing runs: verify, do not shrink
     if options.n is not None:
         command += ["--n", str(options.n)]
     if options.invariants is not None:
@@ -132,6 +150,10 @@ def _log_tail(path: Path) -> str:
     return next((line for line in reversed(lines) if line), "")
 
 
+STDIN_LIFELINE = "ROLLOUT_BENCH_STDIN_LIFELINE"  # `run` watches its stdin: end of file = the sweep is gone
+STOP_GRACE_S = 3.0  # an interrupted sweep's runs get this long to write their interrupted reports
+
+
 class _Processes:
     """The runs in flight, so an interrupted sweep can end them (they do not get the terminal's Ctrl-C)."""
 
@@ -139,13 +161,16 @@ class _Processes:
         self._lock = threading.Lock()
         self._live: dict[int, subprocess.Popen[bytes]] = {}
         self.stopping = False
+        self.marker = new_marker()
 
     def start(self, command: list[str], log: Any) -> subprocess.Popen[bytes]:
         with self._lock:
             if self.stopping:
                 raise KeyboardInterrupt
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", STDIN_LIFELINE: "1", SWEEP_MARKER: self.marker}
+            # stdin: a pipe nobody writes to; only this process holds its write end, so the run sees end of
+            # file the moment the sweep ends, however it ends
+            process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True, env=env)
             self._live[process.pid] = process
             return process
@@ -153,12 +178,33 @@ class _Processes:
     def done(self, process: subprocess.Popen[bytes]) -> None:
         with self._lock:
             self._live.pop(process.pid, None)
+        if process.stdin is not None:
+            process.stdin.close()
+
+    def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every run (each writes an interrupted report), then kill what is left after `grace_s`."""
+        with self._lock:
+            self.stopping = True
+            live = list(self._live.values())
+        for process in live:
+            try:
+                process.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        for process in live:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_all()
 
     def kill_all(self) -> None:
         with self._lock:
             self.stopping = True
             for pid in list(self._live):
                 kill_tree(pid)
+        kill_marked(SWEEP_MARKER, self.marker)
 
 
 def run_point(point: GridPoint, out: Path, options: SweepOptions, processes: _Processes,
@@ -229,7 +275,10 @@ def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seed
                 "invariants": None if options.invariants is None else list(options.invariants)}
     config = {"version": __version__, "plans": [p.name for p in plans], "plan_sources": [p.source for p in plans],
               "targets": targets, "rates": [float(r) for r in rates], "seeds": seeds, "runs": len(points),
-              "options": settings, "started": time.time()}
+              "options": settings, "started": time.time(),
+              # while `status` is running: a sweep killed outright (SIGKILL) cannot mark itself, so `report` checks
+              # whether this process still exists
+              "pid": os.getpid(), "host": os.uname().nodename}
     rows: dict[int, dict[str, Any]] = {}
     fault_rows: dict[int, list[dict[str, Any]]] = {}
     processes = _Processes()
@@ -247,8 +296,8 @@ def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seed
 
     save("running")
     executor = ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="sweep")
+    pending: dict[Future[Any], GridPoint] = {}
     try:
-        pending: dict[Future[Any], GridPoint] = {}
         for point in points:
             pending[executor.submit(run_point, point, out, options, processes, lambda line: _say(bar, line))] = point
         while pending:
@@ -261,16 +310,33 @@ def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seed
                 _say(bar, _finish_line(len(rows), len(points), point, rows[point.index]))
                 save("running")
     except BaseException:
-        processes.kill_all()
+        processes.stop_all()
         executor.shutdown(wait=True, cancel_futures=True)
+        for future, point in pending.items():  # runs that ended meanwhile (interrupted reports) keep their rows
+            if future.done() and not future.cancelled() and future.exception() is None:
+                rows[point.index], fault_rows[point.index] = future.result()
         save("interrupted")
         raise
     finally:
         if bar is not None:
             bar.close()
     executor.shutdown()
+    kill_marked(SWEEP_MARKER, processes.marker)  # anything a finished run left behind
     save("finished")
     return [rows[i] for i in sorted(rows)]
+
+
+def sweep_status_note(summary: dict[str, Any]) -> str:
+    """What `sweep.json`'s status means: a sweep still `running` whose process is gone was killed outright."""
+    status = summary.get("status")
+    if status != "running":
+        return f"status {status}" if status else ""
+    pid, host = summary.get("pid"), summary.get("host")
+    if isinstance(pid, int) and host == os.uname().nodename and Path("/proc/self").exists() \
+            and not Path(f"/proc/{pid}").exists():
+        return (f"status running, but its process (pid {pid}) is gone: the sweep was killed outright; "
+                f"{summary.get('finished_runs', 0)} of {summary.get('runs')} runs finished")
+    return "status running"
 
 
 def sweep_command(plan: str, target: str, rates: str, seeds: str, out: str, options: SweepOptions) -> int:

@@ -18,7 +18,10 @@ import pandas as pd
 from bench.report.tables import parquet_available, read_tables
 from bench.records.sample import OUTCOMES
 
-RUN_OUTCOMES = ("ok", "violations", "crashed", "timeout")
+# no_requests: the run passed, but its target never sent the server a generation request, so it tested nothing
+# (a sweep leaves out the vacuity invariant, which would say so only through a rule that never fired)
+# interrupted: the run was stopped (the sweep was interrupted) and wrote the report of what it had gathered
+RUN_OUTCOMES = ("ok", "violations", "no_requests", "interrupted", "crashed", "timeout")
 TABLES = ("sweep", "sweep_faults")
 # Every column of sweep.csv, in order (also the columns of an empty sweep).
 COLUMNS = (
@@ -48,9 +51,22 @@ def outcome_of(finished: Finished, summary: dict[str, Any] | None) -> str:
     """ok / violations (the run's own verdict, exit 0 / 1 with a report); else timeout or crashed."""
     if finished.timed_out:
         return "timeout"
+    if summary is not None and summary.get("interrupted"):
+        return "interrupted"
     if summary is not None and finished.exit_code in (0, 1):
-        return "violations" if summary["violations"] else "ok"
+        if summary["violations"]:
+            return "violations"
+        return "no_requests" if _sent_nothing(summary) else "ok"
     return "crashed"
+
+
+def _sent_nothing(summary: dict[str, Any]) -> bool:
+    """The target was given trajectories and the server saw no generation request for any of them."""
+    fidelity = summary.get("fidelity") or {}
+    requests = fidelity.get("requests") if "requests" in fidelity else None
+    if requests is None:  # a run against a live engine (no replay fidelity): its throughput says
+        return bool(summary.get("trajectories")) and not (summary.get("throughput") or {}).get("requests_per_s")
+    return bool(summary.get("trajectories")) and requests == 0
 
 
 def _crash_cause(finished: Finished) -> str:
@@ -83,6 +99,10 @@ def run_rows(base: dict[str, Any], folder: Path, finished: Finished) -> tuple[di
         row["error"] = "killed by the sweep's timeout"
     elif outcome == "crashed":
         row["error"] = _crash_cause(finished)
+    elif outcome == "no_requests":
+        row["error"] = "the target sent the server no generation request: the run tested nothing"
+    elif outcome == "interrupted":
+        row["error"] = f"interrupted by {summary['interrupted']['signal']}"  # type: ignore[index]
     if summary is None or outcome in ("crashed", "timeout"):
         return row, []
     throughput = summary["throughput"]
