@@ -2,20 +2,23 @@
 
 Issue 18 asks how the bench compares with the mock servers people reach for: fakellm, mockllm and llmock,
 each installed from the package index in its own virtualenv under `.bench/` (`make bench-peers`; nothing
-is downloaded here). Every server answers the same OpenAI-style chat request (one trajectory's turn-0
-messages from the trace, with `logprobs` and `return_token_ids` as an RL stack asks) on
-`/v1/chat/completions`:
+is downloaded here). Every server answers the same OpenAI-style chat requests on `/v1/chat/completions`:
+each trajectory's turn-0 messages from the trace, with `logprobs` and `return_token_ids` as an RL stack
+asks, named in `X-Bench-Trajectory` as the reference targets do (the peers ignore the header):
 
   bare-bytes      bare aiohttp answering the bench's own reply as precomputed bytes: the ceiling
   bench-chat      the bench server replaying the trace, no fault plan
   fakellm, ...    each peer started as its command line does (access log on, its defaults), configured to
-                  answer the same text as the bench's reply
+                  answer one fixed text: the bench's reply of median size
   fakellm-quiet   the same app under uvicorn with no access log (and no reloader: mockllm's command line
                   always starts one)
 
 The bench answers with the recorded token ids and per-token logprobs; the peers answer the text alone,
-so their replies are far smaller (the table gives every reply's size). Servers run one at a time under
-load, all pinned to one core, the load generator (`http_load`, C keep-alive connections) on another;
+so their replies are far smaller (the table gives every reply's size). Why many trajectories and not one
+request over and over: the bench's cost per answer grows with the attempts it has logged for one
+trajectory's turn (a retry storm, not a rollout); a rollout asks each turn about once.
+
+Servers run one at a time under load, all pinned to one core, the load generator (`http_load`, C keep-alive connections) on another;
 rounds are interleaved with a rotating order, medians and the rounds' spread reported, and the load
 generator's CPU share beside each window's (near 1.0 with the server's below 1.0: the client limited).
 A peer whose environment is missing or that cannot start gets a row saying why.
@@ -150,22 +153,23 @@ _INFO = ("import json, importlib.metadata as m, importlib.util as u, sys; "
          "'uvloop': v('uvloop'), 'httptools': v('httptools'), 'python': sys.version.split()[0]}))")
 
 
-def chat_request(trace: str, index: int) -> tuple[str, bytes]:
-    """(trajectory id, body) of one trajectory's turn 0 as an RL stack sends it to an OpenAI-style server."""
+def chat_requests(trace: str, limit: int | None) -> list[tuple[str, bytes]]:
+    """(trajectory id, body) of each trajectory's turn 0 as an RL stack sends it to an OpenAI-style server."""
     from bench.replay import TraceStore
     from bench.trace.shipped import resolve_trace
 
-    store = TraceStore.load(resolve_trace(trace))
-    if not 0 <= index < len(store.trajectories):
-        raise SystemExit(f"--trajectory {index}: {trace} has {len(store.trajectories)} trajectories")
-    trajectory = store.trajectories[index]
-    if not trajectory.prompt_messages:
-        raise SystemExit(f"--trajectory {index}: {trajectory.id} of {trace} has no chat messages to send")
-    sampling = trajectory.first_sampling_params
-    body = {"model": MODEL, "messages": trajectory.prompt_messages, "logprobs": True, "return_token_ids": True,
-            "max_completion_tokens": sampling.get("max_new_tokens", 1024),
-            "temperature": sampling.get("temperature", 1.0), "top_p": sampling.get("top_p", 1.0)}
-    return trajectory.id, json.dumps(body, separators=(",", ":")).encode()
+    requests = []
+    for trajectory in TraceStore.load(resolve_trace(trace)).trajectories[:limit]:
+        if not trajectory.prompt_messages:
+            raise SystemExit(f"{trajectory.id} of {trace} has no chat messages to send: use a chat trace")
+        sampling = trajectory.first_sampling_params
+        body = {"model": MODEL, "messages": trajectory.prompt_messages, "logprobs": True, "return_token_ids": True,
+                "max_completion_tokens": sampling.get("max_new_tokens", 1024),
+                "temperature": sampling.get("temperature", 1.0), "top_p": sampling.get("top_p", 1.0)}
+        requests.append((trajectory.id, json.dumps(body, separators=(",", ":")).encode()))
+    if not requests:
+        raise SystemExit(f"{trace} has no trajectories")
+    return requests
 
 
 def exchange(port: int, raw: bytes, timeout: float = 30.0) -> tuple[int, bytes, bytes]:
@@ -199,22 +203,24 @@ def masked(body: bytes) -> bytes:
     return body
 
 
-def check_replies(port: int, raw: bytes, count: int, text: str | None) -> dict[str, Any]:
-    """Send the request `count` times: statuses, sizes, whether the bodies are equal but for `VOLATILE`, and
-    (for a peer) whether it answered the configured text."""
-    answers = [exchange(port, raw) for _ in range(count)]
-    bodies = [body for _, _, body in answers]
+def check_replies(port: int, raws: list[bytes], repeats: int, text: str | None) -> dict[str, Any]:
+    """Send each request `repeats` times: statuses, sizes, whether each request's answers are equal byte for
+    byte but for `VOLATILE`, and (for a peer) whether it answered the configured text."""
+    answers = [[exchange(port, raw) for _ in range(repeats)] for raw in raws]
+    flat = [answer for same in answers for answer in same]
     contents = []
-    for _, _, body in answers:
+    for _, _, body in flat:
         try:
             contents.append(json.loads(body)["choices"][0]["message"]["content"])
         except (ValueError, KeyError, IndexError, TypeError):
             contents.append(None)
-    result = {"requests": count, "statuses": sorted({status for status, _, _ in answers}),
-              "body_bytes": median([len(b) for b in bodies]), "head_bytes": median([len(h) for _, h, _ in answers]),
-              "volatile": list(VOLATILE), "distinct_masked_bodies": len({masked(b) for b in bodies}),
-              "distinct_bodies": len(set(bodies))}
-    result["equal_modulo_volatile"] = result["distinct_masked_bodies"] == 1
+    masked_per_request = [len({masked(body) for _, _, body in same}) for same in answers]
+    result = {"requests": len(raws), "repeats": repeats, "statuses": sorted({status for status, _, _ in flat}),
+              "body_bytes": median([len(body) for _, _, body in flat]),
+              "head_bytes": median([len(head) for _, head, _ in flat]), "volatile": list(VOLATILE),
+              "distinct_masked_bodies_per_request": masked_per_request,
+              "distinct_bodies_per_request": [len({body for _, _, body in same}) for same in answers],
+              "equal_modulo_volatile": all(n == 1 for n in masked_per_request)}
     if text is not None:
         result["answers_configured_text"] = all(c == text for c in contents)
     return result
@@ -312,8 +318,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=64, help="keep-alive connections (64)")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before each window (0.5)")
     parser.add_argument("--trace", default="rlvr-500", help="trace whose chat request is sent (rlvr-500)")
-    parser.add_argument("--trajectory", type=int, default=0, help="index of the trajectory whose turn 0 is sent (0)")
-    parser.add_argument("--checks", type=int, default=3, help="requests sent to each server to check its reply (3)")
+    parser.add_argument("--requests", type=int, help="use only the first N trajectories (default all)")
+    parser.add_argument("--checks", type=int, default=3,
+                        help="times each of the first 3 requests is sent to each server to check its replies (3)")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"peers to run ({','.join(PEERS)}; '' for none)")
     parser.add_argument("--modes", default="default,quiet", help="default (as their command line starts them), "
                         "quiet (no access log, no reloader), or both (default,quiet)")
@@ -351,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {info['cores']} cores ({info['usable_cores']} usable), {info['cpu']}, Python {info['python']}, "
           f"{info['date']}, load average {os.getloadavg()[0]:.2f}")
     print("parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
-    trajectory, body = chat_request(args.trace, args.trajectory)
-    raw = raw_request(HOST, 0, CHAT, body, {TRAJECTORY_HEADER: trajectory})
+    requests = chat_requests(args.trace, args.requests)
+    raws = [raw_request(HOST, 0, CHAT, body, {TRAJECTORY_HEADER: trajectory}) for trajectory, body in requests]
+    sample = raws[:3]  # what each server's replies are checked on
     servers: dict[str, Any] = {}
     unavailable: dict[str, str] = {}  # kind -> why it has no measurement
     peers: dict[str, dict[str, Any]] = {}
@@ -361,17 +369,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         servers["bench-chat"] = ServerProcess("bench", server_core, ["--trace", args.trace])
         servers["bench-chat"].wait_ready()
-        checks["bench-chat"] = check_replies(servers["bench-chat"].port, raw, args.checks, None)
-        status, _, reply = exchange(servers["bench-chat"].port, raw)
-        if status != 200:
-            raise SystemExit(f"the bench answered its own trace's request with HTTP {status}: {reply[:300]!r}")
-        answer = json.loads(reply)
+        checks["bench-chat"] = check_replies(servers["bench-chat"].port, sample, args.checks, None)
+        replies: dict[str, tuple[int, bytes]] = {}
+        for (trajectory, _), raw in zip(requests, raws):
+            status, _, reply = exchange(servers["bench-chat"].port, raw)
+            if status != 200:
+                raise SystemExit(f"the bench answered {trajectory}'s turn 0 with HTTP {status}: {reply[:300]!r}")
+            replies[trajectory] = (status, reply)
+        by_size = sorted(replies.items(), key=lambda item: len(item[1][1]))
+        fixed_trajectory, (_, fixed_reply) = by_size[len(by_size) // 2]
+        answer = json.loads(fixed_reply)
         text = answer["choices"][0]["message"]["content"]
+        bench_body_bytes = median([len(reply) for _, reply in replies.values()])
         bodies = scratch / "bodies.json"
-        bodies.write_text(json.dumps({trajectory: [200, answer]}))
+        bodies.write_text(json.dumps({t: [status, json.loads(reply)] for t, (status, reply) in replies.items()}))
         servers["bare-bytes"] = ServerProcess("bare-bytes", server_core, ["--bodies", str(bodies), "--route", CHAT])
         servers["bare-bytes"].wait_ready()
-        checks["bare-bytes"] = check_replies(servers["bare-bytes"].port, raw, args.checks, None)
+        checks["bare-bytes"] = check_replies(servers["bare-bytes"].port, sample, args.checks, None)
+        bare_body_bytes = median([len(exchange(servers["bare-bytes"].port, raw)[2]) for raw in raws])
         for name in args.peers:
             venv = args.peers_dir / name
             kinds = [name if mode == "default" else f"{name}-quiet" for mode in args.modes]
@@ -391,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                 servers[kind] = peer
                 try:
                     peer.wait_ready()
-                    checks[kind] = check_replies(peer.port, raw, args.checks, text)
+                    checks[kind] = check_replies(peer.port, sample, args.checks, text)
                 except (RuntimeError, OSError, ValueError) as error:
                     unavailable[kind] = f"could not start: {error}"
                     peer.stop()
@@ -403,14 +418,15 @@ def main(argv: list[str] | None = None) -> int:
                     peer.stop()
                     del servers[kind]
         measured = [kind for kind in ("bare-bytes", "bench-chat", *_peer_kinds(args)) if kind in servers]
-        print(f"servers on core {server_core}, load generator on core {client_core}; one chat request "
-              f"({trajectory} of {args.trace}); measuring {', '.join(measured)}"
+        print(f"servers on core {server_core}, load generator on core {client_core}; {len(requests)} chat requests "
+              f"(turn 0 of {args.trace}'s trajectories), bench replies of {bench_body_bytes:.0f} bytes (median); the "
+              f"peers answer {fixed_trajectory}'s text; measuring {', '.join(measured)}"
               + (f"; not measured: {', '.join(f'{k} ({v})' for k, v in unavailable.items())}" if unavailable else ""))
         windows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in measured}
         for round_index, kind in interleaved(measured, args.rounds):
             server = servers[kind]
             cpu = server.cpu_s if isinstance(server, PeerProcess) else (lambda: process_tree_cpu_s(server.pid))
-            window = asyncio.run(measure(HOST, server.port, [raw], args.concurrency, args.warmup, args.seconds, cpu))
+            window = asyncio.run(measure(HOST, server.port, raws, args.concurrency, args.warmup, args.seconds, cpu))
             windows[kind].append(window)
             print(f"  round {round_index + 1} {kind:<14} {window['requests_per_s']:8.0f} req/s, "
                   f"server CPU {window['server_cpu_share']:.2f}, load generator CPU {window['client_cpu_share']:.2f}",
@@ -423,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
     rows = _rows(args, windows, checks, unavailable, log_lines)
+    for row in rows:  # the ceiling and the bench answer every request differently: their median over all of them
+        if row["server"] in ("bare-bytes", "bench-chat"):
+            row["reply_body_bytes"] = bare_body_bytes if row["server"] == "bare-bytes" else bench_body_bytes
     logprob_bytes = len(json.dumps(answer["choices"][0]["logprobs"], separators=(",", ":")))
     tokens = len(answer["choices"][0].get("token_ids") or [])
     print()
@@ -436,9 +455,9 @@ def main(argv: list[str] | None = None) -> int:
           "bench-chat's; spread: (max - min) / median of the rounds; cost ratio: bare-bytes' server CPU per answer "
           "over this server's; loadgen CPU: the load generator's share of its core (near 1.0 with a server below "
           "1.0: the client, not the server, set the rate)")
-    print(f"bench-chat answers with the recorded token ids ({tokens}) and their logprobs ({logprob_bytes} of its "
-          f"{checks['bench-chat']['body_bytes']:.0f} body bytes); the peers answer the same text "
-          f"({len(text)} characters) with neither")
+    print(f"bench-chat answers with the recorded token ids and their logprobs (for {fixed_trajectory}: {tokens} "
+          f"tokens, logprobs {logprob_bytes} of its {len(fixed_reply)} body bytes); the peers answer that reply's "
+          f"text ({len(text)} characters) with neither")
     for name, peer in peers.items():
         if peer["status"] == "built":
             print(f"{name} {peer['version']}: uvicorn {peer['uvicorn']}, uvloop {peer['uvloop'] or 'no'}, "
@@ -447,13 +466,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{name}: {peer['status']}")
     bench_check = checks["bench-chat"]
-    print(f"bench-chat: {bench_check['requests']} answers to the same request, "
+    print(f"bench-chat: {bench_check['requests']} requests sent {bench_check['repeats']} times each, answers "
           f"{'equal' if bench_check['equal_modulo_volatile'] else 'NOT equal'} byte for byte but for "
           f"{', '.join(VOLATILE)}; {identified['identified']} of {identified['requests']} requests identified as "
-          f"{trajectory}'s turn 0, {identified['drifted']} drifted")
+          f"their trajectory's turn 0, {identified['drifted']} drifted")
     payload = {"benchmark": "peer_servers", "machine": info, "load_average_1m": os.getloadavg()[0],
-               "parameters": parameters, "trajectory": trajectory, "request_bytes": len(body),
-               "reply_text_chars": len(text), "bench_token_ids": tokens, "bench_logprob_bytes": logprob_bytes,
+               "parameters": parameters, "requests": len(requests),
+               "request_bytes_median": median([len(body) for _, body in requests]),
+               "bench_reply_bytes_median": bench_body_bytes, "fixed_reply_trajectory": fixed_trajectory,
+               "fixed_reply_bytes": len(fixed_reply), "reply_text_chars": len(text), "bench_token_ids": tokens,
+               "bench_logprob_bytes": logprob_bytes,
                "rows": rows, "peers": peers, "checks": checks, "identified": identified, "windows": windows,
                "unavailable": unavailable}
     json_path, csv_path = write_results(args.out, "peer_servers", payload, rows)

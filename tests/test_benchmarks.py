@@ -110,11 +110,14 @@ def test_peer_servers_quick_measures_the_bench_chat_route_and_says_why_a_peer_is
         assert rows[name]["note"] == "not built: make bench-peers" and rows[name]["requests_per_s"] is None, rows[name]
     assert stdout.count("not built: make bench-peers") >= 3  # said, not silently skipped
     bench = result["checks"]["bench-chat"]
-    assert bench["requests"] == 3 and bench["statuses"] == [200] and bench["volatile"] == ["id", "created"]
-    assert bench["distinct_bodies"] == 3 and bench["equal_modulo_volatile"] is True  # id changes, nothing else
-    assert result["bench_token_ids"] > 0 and 0 < result["bench_logprob_bytes"] < bench["body_bytes"]
-    seen = result["identified"]  # every request replayed as the trajectory's turn 0, none drifted
-    assert seen["requests"] > 3 and seen["identified"] == seen["requests"] and seen["drifted"] == 0, seen
+    assert (bench["requests"], bench["repeats"], bench["statuses"]) == (3, 3, [200])
+    assert bench["volatile"] == ["id", "created"] and bench["equal_modulo_volatile"] is True
+    assert bench["distinct_bodies_per_request"] == [3, 3, 3]  # the id changes, nothing else
+    assert bench["distinct_masked_bodies_per_request"] == [1, 1, 1]
+    assert result["requests"] == 500 and result["bench_token_ids"] > 0
+    assert 0 < result["bench_logprob_bytes"] < result["fixed_reply_bytes"]
+    seen = result["identified"]  # every request replayed as its trajectory's turn 0, none drifted
+    assert seen["requests"] > 500 and seen["identified"] == seen["requests"] and seen["drifted"] == 0, seen
     assert (tmp_path / "peer_servers.csv").read_text().count("\n") == 9
 
 
