@@ -103,35 +103,44 @@ def run_cell(trace: Path, folder: Path, args: argparse.Namespace) -> dict[str, A
 
 
 def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """run CPU = a + b x requests, and = a + b x requests + c x prompt tokens: coefficients, R^2, deviations."""
-    requests = np.array([r["requests"] for r in rows], dtype=float)
-    tokens = np.array([r["prompt_tokens"] for r in rows], dtype=float)
-    cpu = np.array([r["run_cpu_s"] for r in rows], dtype=float)
-    process = np.array([r["process_cpu_s"] for r in rows], dtype=float)
+    """run CPU = a + b x requests, and = a + b x requests + c x prompt tokens; whole-process CPU = a + b x requests.
 
-    def least_squares(columns: list[np.ndarray], y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        matrix = np.column_stack([np.ones_like(y), *columns])
-        coefficients, *_ = np.linalg.lstsq(matrix, y, rcond=None)
-        fitted = matrix @ coefficients
-        total = float(((y - y.mean()) ** 2).sum())
-        return coefficients, fitted, 1.0 - float(((y - fitted) ** 2).sum()) / total if total else float("nan")
-
+    Weighted by 1/CPU (relative errors), so a 50-request cell counts as much as the 100,000-request one; each
+    cell's relative deviation from the fit says where the line bends. Also µs per request by turns."""
     if len(rows) < 3:
         return {"cells": len(rows), "note": "fewer than 3 cells: no fit"}
-    (a, b), fitted, r2 = least_squares([requests], cpu)
-    deviation = [round(float((c - f) / f), 3) if f else None for c, f in zip(cpu, fitted)]
-    (a2, b2, c2), _, r2_tokens = least_squares([requests, tokens], cpu)
-    (pa, pb), _, pr2 = least_squares([requests], process)
-    per_request = [r["run_cpu_us_per_request"] for r in rows if r["run_cpu_us_per_request"]]
-    return {"cells": len(rows),
-            "run_cpu": {"intercept_s": round(float(a), 3), "us_per_request": round(float(b) * 1e6, 1),
-                        "r2": round(r2, 5), "relative_deviation": deviation,
-                        "max_abs_relative_deviation": max(abs(d) for d in deviation if d is not None)},
-            "run_cpu_with_tokens": {"intercept_s": round(float(a2), 3), "us_per_request": round(float(b2) * 1e6, 1),
-                                    "us_per_1k_prompt_tokens": round(float(c2) * 1e9, 2), "r2": round(r2_tokens, 5)},
-            "process_cpu": {"intercept_s": round(float(pa), 3), "us_per_request": round(float(pb) * 1e6, 1),
-                            "r2": round(pr2, 5)},
-            "run_cpu_us_per_request_range": [min(per_request), max(per_request)] if per_request else None}
+    requests = np.array([r["requests"] for r in rows], dtype=float)
+    tokens = np.array([r["prompt_tokens"] for r in rows], dtype=float)
+
+    def weighted(columns: list[np.ndarray], y: np.ndarray) -> dict[str, Any]:
+        matrix = np.column_stack([np.ones_like(y), *columns])
+        coefficients, *_ = np.linalg.lstsq(matrix / y[:, None], np.ones_like(y), rcond=None)
+        deviation = (y - matrix @ coefficients) / (matrix @ coefficients)
+        return {"coefficients": [float(c) for c in coefficients],
+                "relative_deviation": [round(float(d), 3) for d in deviation],
+                "max_abs_relative_deviation": round(float(np.abs(deviation).max()), 3)}
+
+    run = weighted([requests], np.array([r["run_cpu_s"] for r in rows], dtype=float))
+    both = weighted([requests, tokens], np.array([r["run_cpu_s"] for r in rows], dtype=float))
+    process = weighted([requests], np.array([r["process_cpu_s"] for r in rows], dtype=float))
+    by_turns: dict[str, dict[str, float]] = {}
+    for r in rows:
+        by_turns.setdefault(str(r["turns_planned"]), {})[str(r["trajectories"])] = r["run_cpu_us_per_request"]
+    return {"cells": len(rows), "weighting": "1/CPU (relative errors)",
+            "run_cpu": {"intercept_s": round(run["coefficients"][0], 3),
+                        "us_per_request": round(run["coefficients"][1] * 1e6, 1),
+                        "relative_deviation": run["relative_deviation"],
+                        "max_abs_relative_deviation": run["max_abs_relative_deviation"]},
+            "run_cpu_with_tokens": {"intercept_s": round(both["coefficients"][0], 3),
+                                    "us_per_request": round(both["coefficients"][1] * 1e6, 1),
+                                    "us_per_1k_prompt_tokens": round(both["coefficients"][2] * 1e9, 2),
+                                    "relative_deviation": both["relative_deviation"],
+                                    "max_abs_relative_deviation": both["max_abs_relative_deviation"]},
+            "process_cpu": {"intercept_s": round(process["coefficients"][0], 3),
+                            "us_per_request": round(process["coefficients"][1] * 1e6, 1),
+                            "relative_deviation": process["relative_deviation"],
+                            "max_abs_relative_deviation": process["max_abs_relative_deviation"]},
+            "run_cpu_us_per_request_by_turns": by_turns}
 
 
 def plot(rows: list[dict[str, Any]], fitted: dict[str, Any], path: Path, title: str) -> None:
@@ -144,38 +153,49 @@ def plot(rows: list[dict[str, Any]], fitted: dict[str, Any], path: Path, title: 
     figure.suptitle(title)
     turns = sorted({r["turns_planned"] for r in rows})
     colours = dict(zip(turns, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    top = max(r["requests"] for r in rows)
     for t in turns:
         cells = [r for r in rows if r["turns_planned"] == t]
         left.plot([r["requests"] for r in cells], [r["run_cpu_s"] for r in cells], "o", color=colours.get(t),
-                  label=f"{t} turn(s) planned")
+                  label=f"during the run, {t} turn(s) planned")
+        left.plot([r["requests"] for r in cells], [r["process_cpu_s"] for r in cells], "^", color=colours.get(t),
+                  alpha=0.6, label=f"whole process, {t} turn(s) planned")
         right.plot([r["trace_mb"] for r in cells], [r["peak_rss_mb"] for r in cells], "o", color=colours.get(t),
                    label=f"{t} turn(s) planned")
-    if "run_cpu" in fitted:
-        top = max(r["requests"] for r in rows)
-        line = fitted["run_cpu"]
-        left.plot([0, top], [line["intercept_s"], line["intercept_s"] + line["us_per_request"] * top / 1e6], "-",
-                  color="grey", label=f"fit: {line['us_per_request']:.0f} µs/request, R² {line['r2']:.4f}")
-    left.set(title="bench CPU during the run", xlabel="generation requests served",
-             ylabel="bench process CPU during the run (s)")
+    for key, style, name in (("run_cpu", "-", "run"), ("process_cpu", "--", "process")):
+        if key in fitted:
+            line = fitted[key]
+            left.plot([0, top], [line["intercept_s"], line["intercept_s"] + line["us_per_request"] * top / 1e6],
+                      style, color="grey", label=f"{name} fit: {line['intercept_s']:.2f} s + "
+                                                 f"{line['us_per_request']:.0f} µs/request (cells within "
+                                                 f"{line['max_abs_relative_deviation']:.0%})")
+    left.set(title="bench CPU", xlabel="generation requests served", ylabel="bench process CPU (s)")
     labels = [f"{r['trajectories']}×{r['turns_planned']}" for r in rows]
     x = np.arange(len(rows))
-    middle.bar(x - 0.2, [r["run_cpu_us_per_request"] or 0 for r in rows], 0.4, label="during the run")
-    middle.bar(x + 0.2, [r["process_cpu_us_per_request"] or 0 for r in rows], 0.4,
-               label="whole process (load, report)")
+    middle.bar(x, [r["run_cpu_us_per_request"] or 0 for r in rows], 0.6, color=[colours.get(r["turns_planned"])
+                                                                                   for r in rows])
+    if "run_cpu" in fitted:
+        middle.axhline(fitted["run_cpu"]["us_per_request"], color="grey", linestyle="-",
+                       label=f"fitted slope {fitted['run_cpu']['us_per_request']:.0f} µs")
+        middle.legend(fontsize=8)
     middle.set_xticks(x, labels, rotation=45)
-    middle.set(title="bench CPU per request", xlabel="trajectories × turns planned", ylabel="CPU per request (µs)")
+    middle.set(title="bench CPU per request during the run", xlabel="trajectories × turns planned",
+               ylabel="CPU per generation request (µs)")
     right.set(title="bench peak memory", xlabel="trace size, decompressed (MB)", ylabel="bench peak RSS (MB)")
+    left.legend(fontsize=7)
+    right.legend(fontsize=8)
     for axes in (left, middle, right):
-        axes.set_xlim(left=0 if axes is not middle else -0.6)
-        axes.set_ylim(bottom=0)
-        axes.legend(fontsize=8)
+        low_x, high_x = axes.get_xlim()
+        axes.set_xlim(-0.6 if axes is middle else 0, high_x if axes is middle else high_x * 1.05)
+        axes.set_ylim(0, axes.get_ylim()[1] * 1.08)
         axes.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
-def markdown(rows: list[dict[str, Any]], fitted: dict[str, Any], info: dict[str, Any], load: tuple[float, ...]) -> str:
+def markdown(rows: list[dict[str, Any]], fitted: dict[str, Any], info: dict[str, Any], load: list[float],
+             skipped: list[dict[str, Any]]) -> str:
     lines = [f"# Bench cost over trajectories and turns ({info['date']})", "",
              f"{info['cores']} cores, {info['cpu']}, Python {info['python']}; load average before the run "
              f"{load[0]:.2f} (1 min), {load[1]:.2f} (5 min).", "",
@@ -187,7 +207,9 @@ def markdown(rows: list[dict[str, Any]], fitted: dict[str, Any], info: dict[str,
                      f"{r['run_s']} | {r['run_cpu_s']} | {r['run_cpu_us_per_request']} | {r['process_cpu_s']} | "
                      f"{r['process_cpu_us_per_request']} | {r['target_cpu_s']} | {r['wall_s']} | {r['peak_rss_mb']} | "
                      f"{r['trace_mb']} |")
-    lines += ["", "Fit: " + json.dumps(fitted), ""]
+    for cell in skipped:
+        lines.append(f"| {cell['trajectories']} | {cell['turns_planned']} | skipped: {cell['reason']} |" + " |" * 10)
+    lines += ["", "Fits (weighted by 1/CPU): " + json.dumps(fitted), ""]
     return "\n".join(lines)
 
 
@@ -201,10 +223,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", default="ref-tool-loop:fixed", help="the target run (ref-tool-loop:fixed)")
     parser.add_argument("--time-scale", type=float, default=0.0, help="replayed latency scale (0: at once)")
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight at most (64)")
+    parser.add_argument("--max-cell", type=int, default=25000,
+                        help="skip cells planning more requests (trajectories x turns) than this: 5000 x 20 plans "
+                             "100,000 and took 6 min alone on 2 shared cores (25000; 0: no limit)")
     parser.add_argument("--trace-dir", type=Path,
                         help="keep the synthesized traces here and reuse them (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder ({DEFAULT_OUT})")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 and 20 trajectories, 1 and 3 turns")
+    parser.add_argument("--replot", type=Path, metavar="JSON",
+                        help="only redraw the plot and the markdown table of an earlier run's scale_curve.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.trajectories, args.turns = "10,20", "1,3"
@@ -220,8 +247,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def write_figures(out: Path, payload: dict[str, Any]) -> tuple[Path, Path]:
+    """The markdown table and the plot, from the JSON payload (so an earlier run can be redrawn)."""
+    parameters, info = payload["parameters"], payload["machine"]
+    md_path, png_path = out / "scale_curve.md", out / "scale_curve.png"
+    md_path.write_text(markdown(payload["rows"], payload["fit"], info, payload["load_average_before"],
+                                payload.get("skipped", [])))
+    plot(payload["rows"], payload["fit"], png_path,
+         f"rollout-bench cost over trajectories and turns ({parameters['target']}, no faults, time scale "
+         f"{parameters['time_scale']:g}; {info['date'][:10]}, {info['cores']} cores shared)")
+    return md_path, png_path
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        payload = json.loads(args.replot.read_text())
+        payload["fit"] = fit(payload["rows"])
+        args.replot.write_text(json.dumps(payload, indent=2) + "\n")
+        md_path, png_path = write_figures(args.replot.parent, payload)
+        print(f"wrote {md_path} and {png_path}")
+        return 0
     info, load = machine(), os.getloadavg()
     parameters = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     print(f"machine: {info['cores']} cores, {info['cpu']}, Python {info['python']}, {info['date']}, "
@@ -231,10 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     traces = args.trace_dir or scratch / "traces"
     traces.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     clock = time.perf_counter()
     try:
         for n in args.trajectories:
             for turns in args.turns:
+                if args.max_cell and n * turns > args.max_cell:
+                    skipped.append({"trajectories": n, "turns_planned": turns,
+                                    "reason": f"{n * turns} planned requests, over --max-cell {args.max_cell}"})
+                    print(f"  {n:>5} x {turns:>2} turns: skipped, {skipped[-1]['reason']} (--max-cell 0 runs it)",
+                          flush=True)
+                    continue
                 trace, synth_s = synthesize(traces, n, turns, args.group_size, args.seed)
                 cell = run_cell(trace, scratch / f"run-{n}x{turns}", args)
                 row = {"trajectories": n, "turns_planned": turns, **cell,
@@ -256,24 +309,26 @@ def main(argv: list[str] | None = None) -> int:
                   r["target_cpu_s"], r["wall_s"], r["peak_rss_mb"], r["trace_mb"]] for r in rows])
     if "run_cpu" in fitted:
         line, tokens = fitted["run_cpu"], fitted["run_cpu_with_tokens"]
-        print(f"\nrun CPU = {line['intercept_s']} s + {line['us_per_request']} µs x requests (R² {line['r2']}); "
-              f"cells deviate from the fit by at most {line['max_abs_relative_deviation']:.0%}; per-cell µs/request "
-              f"{fitted['run_cpu_us_per_request_range'][0]} to {fitted['run_cpu_us_per_request_range'][1]}")
-        print(f"with prompt tokens: {tokens['us_per_request']} µs x requests + {tokens['us_per_1k_prompt_tokens']} µs "
-              f"per 1k prompt tokens (R² {tokens['r2']})")
+        print(f"\nfits weighted by 1/CPU (each cell by its relative error):\n"
+              f"run CPU = {line['intercept_s']} s + {line['us_per_request']} µs x requests; cells deviate by at most "
+              f"{line['max_abs_relative_deviation']:.0%} ({', '.join(f'{d:+.0%}' for d in line['relative_deviation'])})")
+        print(f"run CPU = {tokens['intercept_s']} s + {tokens['us_per_request']} µs x requests + "
+              f"{tokens['us_per_1k_prompt_tokens']} µs per 1k prompt tokens; cells deviate by at most "
+              f"{tokens['max_abs_relative_deviation']:.0%}")
         process = fitted["process_cpu"]
-        print(f"whole process CPU = {process['intercept_s']} s + {process['us_per_request']} µs x requests "
-              f"(R² {process['r2']}): the intercept is imports, start-up and the report")
+        print(f"whole process CPU = {process['intercept_s']} s + {process['us_per_request']} µs x requests (at most "
+              f"{process['max_abs_relative_deviation']:.0%} off): the intercept is imports, start-up and the report")
+        for turns, cells in fitted["run_cpu_us_per_request_by_turns"].items():
+            print(f"  {turns} turn(s): µs per request during the run by trajectories: "
+                  + ", ".join(f"{n}: {us}" for n, us in cells.items()))
     print(f"grid took {total_s:.0f} s (synthesis included); load average now "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     payload = {"benchmark": "scale_curve", "machine": info, "load_average_before": load,
-               "load_average_after": os.getloadavg(), "parameters": parameters, "rows": rows, "fit": fitted,
+               "load_average_after": os.getloadavg(), "parameters": parameters, "rows": rows, "skipped": skipped,
+               "fit": fitted,
                "grid_s": round(total_s, 1)}
     json_path, csv_path = write_results(args.out, "scale_curve", payload, rows)
-    md_path, png_path = args.out / "scale_curve.md", args.out / "scale_curve.png"
-    md_path.write_text(markdown(rows, fitted, info, load))
-    plot(rows, fitted, png_path, f"rollout-bench cost over trajectories and turns ({args.target}, no faults, "
-                                 f"time scale {args.time_scale:g}; {info['date'][:10]})")
+    md_path, png_path = write_figures(args.out, payload)
     print(f"wrote {json_path}, {csv_path}, {md_path} and {png_path}")
     return 0
 

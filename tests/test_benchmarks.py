@@ -140,6 +140,27 @@ def test_peer_servers_quick_runs_a_built_peer_with_the_configured_reply(tmp_path
 
 
 @pytest.mark.slow
+def test_scale_curve_quick_runs_every_cell_and_fits_the_bench_cpu(tmp_path: Path) -> None:
+    """A 2 x 2 grid: each cell's run is real (every request replayed, none drifted), more turns mean more
+    requests, the bench's CPU is its own (the worker's is apart), and the table, fit and plot are written."""
+    result, stdout = _bench("scale_curve", tmp_path)
+    rows = result["rows"]
+    assert [(r["trajectories"], r["turns_planned"]) for r in rows] == [(10, 1), (10, 3), (20, 1), (20, 3)]
+    for row in rows:
+        assert row["exit"] == 0 and row["violations"] == [] and row["drifted"] == 0, row
+        assert row["trajectories"] <= row["requests"] <= row["trajectories"] * row["turns_planned"], row
+        assert 0 < row["run_cpu_s"] < row["process_cpu_s"] and row["target_cpu_s"] > 0, row
+        assert row["run_cpu_us_per_request"] == pytest.approx(row["run_cpu_s"] / row["requests"] * 1e6, rel=0.02)
+        assert row["peak_rss_mb"] > 50 and row["wall_s"] > row["run_s"] > 0 and row["trace_mb"] > 0, row
+    assert rows[1]["requests"] > rows[0]["requests"] and rows[3]["requests"] > rows[2]["requests"]
+    line = result["fit"]["run_cpu"]
+    assert line["us_per_request"] > 0 and len(line["relative_deviation"]) == 4 and result["fit"]["cells"] == 4
+    assert "µs x requests" in stdout and (tmp_path / "scale_curve.csv").read_text().count("\n") == 5
+    assert (tmp_path / "scale_curve.md").read_text().count("\n| ") == 5  # header and four cells
+    assert (tmp_path / "scale_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
 def test_repro_warm_quick_times_a_cold_and_a_forked_repro(tmp_path: Path) -> None:
     result, stdout = _bench("repro_warm", tmp_path)
     assert result["parameters"]["target"] == "ref-gather"
