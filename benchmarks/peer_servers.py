@@ -306,7 +306,8 @@ def peer_info(venv: Path, name: str) -> dict[str, Any]:
     done = subprocess.run([str(venv / "bin" / "python"), "-c", _INFO, name], capture_output=True, text=True,
                           timeout=60)
     if done.returncode != 0:
-        raise RuntimeError(f"{venv}/bin/python cannot read its versions: {done.stderr.strip()[-300:]}")
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{venv}/bin/python cannot read its versions: {last[-300:]}")
     return json.loads(done.stdout)
 
 
@@ -402,7 +403,11 @@ def main(argv: list[str] | None = None) -> int:
                 unavailable.update({kind: peers[name]["status"] for kind in kinds})
                 continue
             for mode, kind in zip(args.modes, kinds):
-                peer = PeerProcess(PEERS[name], mode, venv.resolve(), scratch / kind, text, server_core)
+                try:
+                    peer = PeerProcess(PEERS[name], mode, venv.resolve(), scratch / kind, text, server_core)
+                except OSError as error:  # its command is missing from the environment
+                    unavailable[kind] = f"could not start: {error}"
+                    continue
                 servers[kind] = peer
                 try:
                     peer.wait_ready()
