@@ -18,9 +18,10 @@ so their replies are far smaller (the table gives every reply's size). Why many 
 request over and over: the bench's cost per answer grows with the attempts it has logged for one
 trajectory's turn (a retry storm, not a rollout); a rollout asks each turn about once.
 
-Servers run one at a time under load, all pinned to one core, the load generator (`http_load`, C keep-alive connections) on another;
-rounds are interleaved with a rotating order, medians and the rounds' spread reported, and the load
-generator's CPU share beside each window's (near 1.0 with the server's below 1.0: the client limited).
+Servers run one at a time under load, all pinned to one core, the load generator (`http_load`, C
+keep-alive connections) on another; rounds are interleaved with a rotating order, medians and the rounds'
+spread reported, and the load generator's CPU share beside each window's (near 1.0 with the server's
+below 1.0: the client limited).
 A peer whose environment is missing or that cannot start gets a row saying why.
 
 The model name sent is the one the bench reports, which no OpenAI tokenizer maps: mockllm counts tokens

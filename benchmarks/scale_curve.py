@@ -309,9 +309,10 @@ def main(argv: list[str] | None = None) -> int:
                   r["target_cpu_s"], r["wall_s"], r["peak_rss_mb"], r["trace_mb"]] for r in rows])
     if "run_cpu" in fitted:
         line, tokens = fitted["run_cpu"], fitted["run_cpu_with_tokens"]
+        deviations = ", ".join(f"{d:+.0%}" for d in line["relative_deviation"])
         print(f"\nfits weighted by 1/CPU (each cell by its relative error):\n"
               f"run CPU = {line['intercept_s']} s + {line['us_per_request']} µs x requests; cells deviate by at most "
-              f"{line['max_abs_relative_deviation']:.0%} ({', '.join(f'{d:+.0%}' for d in line['relative_deviation'])})")
+              f"{line['max_abs_relative_deviation']:.0%} ({deviations})")
         print(f"run CPU = {tokens['intercept_s']} s + {tokens['us_per_request']} µs x requests + "
               f"{tokens['us_per_1k_prompt_tokens']} µs per 1k prompt tokens; cells deviate by at most "
               f"{tokens['max_abs_relative_deviation']:.0%}")

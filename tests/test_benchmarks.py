@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench(module: str, out: Path, *extra: str) -> tuple[dict, str]:
-    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out), *extra], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out), *extra],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:]
     return json.loads((out / f"{module}.json").read_text()), done.stdout
 
