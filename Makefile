@@ -3,8 +3,10 @@
 #   make test   create .venv with the test extras and the real targets' environments, run the whole suite
 #   make targets  build one virtual environment per PyPI framework in .targets/ (miles, verifiers, areal, verl,
 #               verl-0.9); TARGETS="slime open-instruct prime-rl" builds the source-only frameworks' too
-#   make bench  benchmarks (server throughput beside bare aiohttp, repro cold vs warm worker, the memory kept for
-#               provenance, the latency `record` adds, trace loading); not part of test
+#   make bench  benchmarks (server throughput beside bare aiohttp, the chat route beside other mock LLM servers,
+#               repro cold vs warm worker, the memory kept for provenance, the latency `record` adds, trace
+#               loading, the cost curve over trajectories and turns); not part of test
+#   make bench-peers  one virtual environment per peer mock server in .bench/ (what `make bench` compares with)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -12,7 +14,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check --quiet
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test targets slime-env open-instruct-env prime-rl-env traces tokenizer clean bench soak
+.PHONY: demo test targets slime-env open-instruct-env prime-rl-env traces tokenizer clean bench bench-peers soak
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollout-bench needs Python 3.11+"'
@@ -36,13 +38,28 @@ test: $(VENV)/.installed-test targets
 
 # Performance claims, measured as ratios in one run (README "Benchmarks"); tables also in reports/bench/.
 # The repro benchmark uses real miles when its environment is built (make targets), else ref-gather.
-bench: $(VENV)/.installed-test
+bench: $(VENV)/.installed-test bench-peers
 	$(BIN)/python -m benchmarks.server_throughput
+	$(BIN)/python -m benchmarks.peer_servers
 	$(BIN)/python -m benchmarks.repro_warm
 	$(BIN)/python -m benchmarks.served_memory
 	$(BIN)/python -m benchmarks.record_latency
 	$(BIN)/python -m benchmarks.trace_loading
 	$(BIN)/python -m benchmarks.tokenizer_speed
+	$(BIN)/python -m benchmarks.scale_curve
+
+# The mock LLM servers a user would pick instead of the bench (benchmarks/peer_servers.py), each from the package
+# index into its own environment; only their pinned version is ours, their dependencies are what pip resolves.
+BENCH_DIR ?= .bench
+BENCH_PEERS ?= fakellm==0.3.5 mockllm==0.0.8 llmock==0.2.2
+bench-peers: $(foreach peer,$(BENCH_PEERS),$(BENCH_DIR)/$(firstword $(subst ==, ,$(peer)))/.built)
+
+$(BENCH_DIR)/%/.built:
+	rm -rf $(BENCH_DIR)/$*
+	$(PYTHON) -m venv $(BENCH_DIR)/$*
+	$(BENCH_DIR)/$*/bin/python $(TPIP) install $(filter $*==%,$(BENCH_PEERS))
+	$(BENCH_DIR)/$*/bin/python -c 'import $*'
+	touch $@
 
 # 30 minutes of mixed traffic under the chaos plan: memory, descriptors, determinism (README "Soak"); not in `test`.
 SOAK_MINUTES ?= 30
@@ -151,4 +168,4 @@ tokenizer: $(VENV)/.installed
 	$(BIN)/python -m bench.tokenizer.build
 
 clean:
-	rm -rf $(VENV) $(TARGETS_DIR) reports .pytest_cache .hypothesis dist build
+	rm -rf $(VENV) $(TARGETS_DIR) $(BENCH_DIR) reports .pytest_cache .hypothesis dist build

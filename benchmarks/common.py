@@ -1,4 +1,5 @@
-"""What every benchmark shares: the machine it ran on, process CPU time, medians, the table and its files."""
+"""What every benchmark shares: the machine it ran on, process CPU time, interleaved rounds, medians, the table
+and its files."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,31 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (Linux /proc): a server may answer from a worker its launcher forked."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        try:
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending.extend(int(child) for child in (task / "children").read_text().split())
+        except OSError:  # ended meanwhile
+            continue
+    return found
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` and its live descendants (a reloader and its worker, say)."""
+    total = 0.0
+    for member in process_tree(pid):
+        try:
+            total += process_cpu_s(member)
+        except OSError:  # ended between the listing and the read
+            pass
+    return total
+
+
 def usable_cores() -> list[int]:
     """The cores this process may run on (all of them where the platform cannot say)."""
     if hasattr(os, "sched_getaffinity"):
@@ -56,8 +83,23 @@ def pin_to(core: int | None) -> int | None:
     return core
 
 
+def interleaved(kinds: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, kind): every kind once per round, the order rotated by one each round, so a change on the
+    machine during the run (another job starting) spreads over all kinds instead of landing on one."""
+    for round_index in range(rounds):
+        shift = round_index % len(kinds)
+        for kind in [*kinds[shift:], *kinds[:shift]]:
+            yield round_index, kind
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / median of the rounds: how far single rounds strayed (0 for one round)."""
+    middle = median(values)
+    return (max(values) - min(values)) / middle if values and middle else float("nan")
 
 
 def print_table(headers: list[str], rows: list[list[Any]]) -> None:

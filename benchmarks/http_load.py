@@ -13,8 +13,9 @@ import asyncio
 import itertools
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def raw_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
@@ -153,3 +154,25 @@ class Load:
             if connection.transport is not None:
                 connection.transport.close()
         await asyncio.sleep(0.05)
+
+
+async def measure(host: str, port: int, requests: Sequence[bytes], concurrency: int, warmup_s: float, seconds: float,
+                  server_cpu_s: Callable[[], float]) -> dict[str, Any]:
+    """One window: warm up, then count answers, the server's CPU time (`server_cpu_s()` read before and after)
+    and this process's (the load generator's) over `seconds`. A server CPU share below 1.0 with the client's
+    near 1.0 means the load generator, not the server, set the rate."""
+    load = Load(host, port, requests, concurrency)
+    await load.start()
+    await asyncio.sleep(warmup_s)
+    answers0, statuses0 = load.tally.snapshot()
+    cpu0, client0, wall0 = server_cpu_s(), time.process_time(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    answers1, statuses1 = load.tally.snapshot()
+    cpu1, client1, wall1 = server_cpu_s(), time.process_time(), time.perf_counter()
+    await load.stop()
+    wall, answers = wall1 - wall0, answers1 - answers0
+    statuses = statuses1 - statuses0
+    return {"requests_per_s": answers / wall, "answers": answers, "wall_s": wall,
+            "server_cpu_share": (cpu1 - cpu0) / wall, "client_cpu_share": (client1 - client0) / wall,
+            "server_cpu_us_per_answer": 1e6 * (cpu1 - cpu0) / answers if answers else float("nan"),
+            "statuses": dict(sorted(statuses.items()))}

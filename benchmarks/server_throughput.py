@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from array import array
@@ -38,6 +37,7 @@ from typing import Any
 
 from .common import (
     DEFAULT_OUT,
+    interleaved,
     machine,
     median,
     pick_core,
@@ -47,7 +47,7 @@ from .common import (
     usable_cores,
     write_results,
 )
-from .http_load import Load, raw_request
+from .http_load import measure, raw_request
 from .throughput_servers import KINDS, TRAJECTORY_HEADER
 
 HOST = "127.0.0.1"
@@ -125,29 +125,9 @@ def fetch_replies(server: ServerProcess, requests: list[tuple[str, bytes]]) -> d
     return replies
 
 
-async def measure(server: ServerProcess, requests: list[bytes], concurrency: int, warmup_s: float,
-                  seconds: float) -> dict[str, Any]:
-    """One window: warm up, then count answers and the server's CPU time over `seconds`."""
-    load = Load(HOST, server.port, requests, concurrency)
-    await load.start()
-    await asyncio.sleep(warmup_s)
-    answers0, statuses0 = load.tally.snapshot()
-    cpu0, client0, wall0 = process_cpu_s(server.pid), time.process_time(), time.perf_counter()
-    await asyncio.sleep(seconds)
-    answers1, statuses1 = load.tally.snapshot()
-    cpu1, client1, wall1 = process_cpu_s(server.pid), time.process_time(), time.perf_counter()
-    await load.stop()
-    wall, answers = wall1 - wall0, answers1 - answers0
-    statuses = statuses1 - statuses0
-    return {"requests_per_s": answers / wall, "answers": answers, "wall_s": wall,
-            "server_cpu_share": (cpu1 - cpu0) / wall, "client_cpu_share": (client1 - client0) / wall,
-            "server_cpu_us_per_answer": 1e6 * (cpu1 - cpu0) / answers if answers else float("nan"),
-            "statuses": dict(sorted(statuses.items()))}
-
-
-def check_identified(server: ServerProcess) -> dict[str, int]:
+def check_identified(server: ServerProcess, endpoint: str = "/generate") -> dict[str, int]:
     """How the bench server took the requests: every one identified as its trajectory's turn 0, none drifted."""
-    records = [r for r in server.get("/bench/requests") if r["endpoint"] == "/generate"]
+    records = [r for r in server.get("/bench/requests") if r["endpoint"] == endpoint]
     return {"requests": len(records),
             "identified": sum(1 for r in records if r["trajectory"] and r["turn"] == 0 and r["drift"] is None),
             "drifted": sum(1 for r in records if r["drift"] is not None)}
@@ -212,14 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"servers on core {servers['bench'].core}, load generator on core {client_core}; "
               f"{len(requests)} distinct requests from {args.trace}, replies of {reply_bytes:.0f} bytes (median)")
         windows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
-        for round_index in range(args.rounds):
-            order = KINDS[round_index % len(KINDS):] + KINDS[: round_index % len(KINDS)]
-            for kind in order:
-                window = asyncio.run(measure(servers[kind], raw, args.concurrency, args.warmup, args.seconds))
-                windows[kind].append(window)
-                print(f"  round {round_index + 1} {kind:<10} {window['requests_per_s']:8.0f} req/s, "
-                      f"server CPU {window['server_cpu_share']:.2f}, client CPU {window['client_cpu_share']:.2f}",
-                      flush=True)
+        for round_index, kind in interleaved(KINDS, args.rounds):
+            server = servers[kind]
+            window = asyncio.run(measure(HOST, server.port, raw, args.concurrency, args.warmup, args.seconds,
+                                         lambda: process_cpu_s(server.pid)))
+            windows[kind].append(window)
+            print(f"  round {round_index + 1} {kind:<10} {window['requests_per_s']:8.0f} req/s, "
+                  f"server CPU {window['server_cpu_share']:.2f}, client CPU {window['client_cpu_share']:.2f}",
+                  flush=True)
         identified = {kind: check_identified(servers[kind]) for kind in ("bench", "bench-plan")}
         faults = servers["bench-plan"].get("/bench/faults")["events"]
         plan_text = servers["bench-plan"].get("/bench/plan")

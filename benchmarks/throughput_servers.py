@@ -8,7 +8,8 @@ KIND is one of:
   bench-plan  the bench server with a fault plan (`--plan`, minus the rules of `--without`)
 
 The bare kinds answer with the bench's own replies (`--bodies`: a JSON map from trajectory id to
-[status, reply], fetched from the bench server first), so every kind sends the same bytes per request.
+[status, reply], fetched from the bench server first), so every kind sends the same bytes per request;
+they answer on `--route` (`/generate`, or `/v1/chat/completions` beside the peers in `peer_servers`).
 Prints one JSON line {"pid", "port", "core"} once listening; runs until SIGTERM.
 """
 
@@ -32,7 +33,7 @@ KINDS = ("bare-bytes", "bare-json", "bench", "bench-plan")
 TRAJECTORY_HEADER = "X-Bench-Trajectory"  # what reference targets send (bench.server.context)
 
 
-def _bare_app(kind: str, bodies: dict[str, tuple[int, Any]]) -> web.Application:
+def _bare_app(kind: str, bodies: dict[str, tuple[int, Any]], route: str = "/generate") -> web.Application:
     app = web.Application()
     if kind == "bare-bytes":
         table = {key: (status, json.dumps(reply, separators=(",", ":")).encode())
@@ -43,7 +44,7 @@ def _bare_app(kind: str, bodies: dict[str, tuple[int, Any]]) -> web.Application:
             status, body = table[request.headers[TRAJECTORY_HEADER]]
             return web.Response(body=body, status=status, content_type="application/json")
 
-        app.router.add_post("/generate", precomputed)
+        app.router.add_post(route, precomputed)
     else:
         async def built(request: web.Request) -> web.Response:
             arrived = time.time()
@@ -53,7 +54,7 @@ def _bare_app(kind: str, bodies: dict[str, tuple[int, Any]]) -> web.Application:
             body = json.dumps({**reply, "meta_info": meta}, separators=(",", ":")).encode()
             return web.Response(body=body, status=status, content_type="application/json")
 
-        app.router.add_post("/generate", built)
+        app.router.add_post(route, built)
     return app
 
 
@@ -73,7 +74,7 @@ def bench_plan(name: str, without: list[str]) -> Any:
 async def _serve(args: argparse.Namespace) -> None:
     if args.kind.startswith("bare"):
         bodies = {k: (int(v[0]), v[1]) for k, v in json.loads(Path(args.bodies).read_text()).items()}
-        runner = web.AppRunner(_bare_app(args.kind, bodies), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(_bare_app(args.kind, bodies, args.route), handler_cancellation=True, access_log=None)
     else:
         from bench.server.app import create_app, load_context
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", choices=KINDS)
     parser.add_argument("--core", type=int, help="pin to this core (a core number)")
     parser.add_argument("--bodies", help="bare kinds: JSON map trajectory id -> [status, reply]")
+    parser.add_argument("--route", default="/generate", help="bare kinds: the path answered (/generate)")
     parser.add_argument("--trace", default="rlvr-500", help="bench kinds: the trace to replay")
     parser.add_argument("--time-scale", type=float, default=0.0,
                         help="bench kinds: pace answers at the recorded latencies times this (0: at once)")

@@ -22,9 +22,9 @@ from benchmarks.http_load import Load, raw_request
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bench(module: str, out: Path) -> tuple[dict, str]:
-    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out)], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+def _bench(module: str, out: Path, *extra: str) -> tuple[dict, str]:
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out), *extra],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:]
     return json.loads((out / f"{module}.json").read_text()), done.stdout
 
@@ -90,6 +90,74 @@ def test_server_throughput_quick_reports_every_server(tmp_path: Path) -> None:
     assert not {"latency", "stall", "slow_first_token"} & set(result["faults_fired"])
     assert result["machine"]["cores"] >= 1 and result["parameters"]["quick"] is True
     assert (tmp_path / "server_throughput.csv").read_text().count("\n") == 5
+
+
+@pytest.mark.slow
+def test_peer_servers_quick_measures_the_bench_chat_route_and_says_why_a_peer_is_missing(tmp_path: Path) -> None:
+    """No peer environment here (an empty --peers-dir): their rows say so; the bench's chat route is measured
+    beside the ceiling, and its answers to the repeated request are identical but for id and created."""
+    result, stdout = _bench("peer_servers", tmp_path, "--peers-dir", str(tmp_path / "no-peers"))
+    rows = {row["server"]: row for row in result["rows"]}
+    assert list(rows) == ["bare-bytes", "bench-chat", "fakellm", "fakellm-quiet", "mockllm", "mockllm-quiet",
+                          "llmock", "llmock-quiet"]
+    for name in ("bare-bytes", "bench-chat"):
+        row = rows[name]
+        assert row["requests_per_s"] > 0 and row["server_cpu_us_per_answer"] > 0 and row["not_200"] == 0, row
+        assert 0 < row["loadgen_cpu_share"] and row["spread"] == 0.0 and len(row["rounds_requests_per_s"]) == 1, row
+        assert row["reply_body_bytes"] > 0 and name in stdout
+    assert rows["bare-bytes"]["ratio_to_bare_bytes"] == 1.0 and rows["bench-chat"]["ratio_to_bench_chat"] == 1.0
+    for name in ("fakellm", "fakellm-quiet", "mockllm", "mockllm-quiet", "llmock", "llmock-quiet"):
+        assert rows[name]["note"] == "not built: make bench-peers" and rows[name]["requests_per_s"] is None, rows[name]
+    assert stdout.count("not built: make bench-peers") >= 3  # said, not silently skipped
+    bench = result["checks"]["bench-chat"]
+    assert (bench["requests"], bench["repeats"], bench["statuses"]) == (3, 3, [200])
+    assert bench["volatile"] == ["id", "created"] and bench["equal_modulo_volatile"] is True
+    assert bench["distinct_bodies_per_request"] == [3, 3, 3]  # the id changes, nothing else
+    assert bench["distinct_masked_bodies_per_request"] == [1, 1, 1]
+    assert result["requests"] == 500 and result["bench_token_ids"] > 0
+    assert 0 < result["bench_logprob_bytes"] < result["fixed_reply_bytes"]
+    seen = result["identified"]  # every request replayed as its trajectory's turn 0, none drifted
+    assert seen["requests"] > 500 and seen["identified"] == seen["requests"] and seen["drifted"] == 0, seen
+    assert (tmp_path / "peer_servers.csv").read_text().count("\n") == 9
+
+
+@pytest.mark.slow
+def test_peer_servers_quick_runs_a_built_peer_with_the_configured_reply(tmp_path: Path) -> None:
+    """With `make bench-peers` done, fakellm answers the bench's reply text and is measured in both modes."""
+    peers_dir = ROOT / ".bench"
+    if not (peers_dir / "fakellm" / ".built").exists():
+        pytest.skip(f"fakellm's environment is not built ({peers_dir}/fakellm): make bench-peers")
+    result, stdout = _bench("peer_servers", tmp_path, "--peers", "fakellm")
+    rows = {row["server"]: row for row in result["rows"]}
+    assert list(rows) == ["bare-bytes", "bench-chat", "fakellm", "fakellm-quiet"]
+    for name in ("fakellm", "fakellm-quiet"):
+        check = result["checks"][name]
+        assert check["answers_configured_text"] is True and check["statuses"] == [200], check
+        assert rows[name]["requests_per_s"] > 0 and rows[name]["not_200"] == 0, rows[name]
+        assert rows[name]["reply_body_bytes"] < rows["bench-chat"]["reply_body_bytes"]  # text alone
+    assert rows["fakellm"]["access_log_lines"] > 0 and rows["fakellm-quiet"]["access_log_lines"] == 0
+    assert result["peers"]["fakellm"]["version"] == "0.3.5" and "fakellm 0.3.5" in stdout
+
+
+@pytest.mark.slow
+def test_scale_curve_quick_runs_every_cell_and_fits_the_bench_cpu(tmp_path: Path) -> None:
+    """A 2 x 2 grid: each cell's run is real (every request replayed, none drifted), more turns mean more
+    requests, the bench's CPU is its own (the worker's is apart), and the table, fit and plot are written."""
+    result, stdout = _bench("scale_curve", tmp_path)
+    rows = result["rows"]
+    assert [(r["trajectories"], r["turns_planned"]) for r in rows] == [(10, 1), (10, 3), (20, 1), (20, 3)]
+    for row in rows:
+        assert row["exit"] == 0 and row["violations"] == [] and row["drifted"] == 0, row
+        assert row["trajectories"] <= row["requests"] <= row["trajectories"] * row["turns_planned"], row
+        assert 0 < row["run_cpu_s"] < row["process_cpu_s"] and row["target_cpu_s"] > 0, row
+        assert row["run_cpu_us_per_request"] == pytest.approx(row["run_cpu_s"] / row["requests"] * 1e6, rel=0.02)
+        assert row["peak_rss_mb"] > 50 and row["wall_s"] > row["run_s"] > 0 and row["trace_mb"] > 0, row
+    assert rows[1]["requests"] > rows[0]["requests"] and rows[3]["requests"] > rows[2]["requests"]
+    line = result["fit"]["run_cpu"]
+    assert line["us_per_request"] > 0 and len(line["relative_deviation"]) == 4 and result["fit"]["cells"] == 4
+    assert "µs x requests" in stdout and (tmp_path / "scale_curve.csv").read_text().count("\n") == 5
+    assert (tmp_path / "scale_curve.md").read_text().count("\n| ") == 5  # header and four cells
+    assert (tmp_path / "scale_curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow
