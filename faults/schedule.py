@@ -35,7 +35,7 @@ def uniform(seed: int, rule: str, target: Target) -> float:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class IntRanges:
     """Non-negative integers as sorted, disjoint, inclusive (low, high) ranges: `turns = "0-3000000"` costs two numbers,
     not a set of three million (205 MB and seconds to build). `in` is a bisection."""
@@ -60,6 +60,17 @@ class IntRanges:
 
     def __len__(self) -> int:
         return sum(high - low + 1 for low, high in self.ranges)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to the same ranges, or to a set of exactly these members (what schedules held before)."""
+        if isinstance(other, IntRanges):
+            return self.ranges == other.ranges
+        if isinstance(other, (set, frozenset)):
+            return len(other) == len(self) and all(value in self for value in other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.ranges)
 
     def __iter__(self) -> Iterator[int]:
         for low, high in self.ranges:
