@@ -42,6 +42,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python -m benchmarks.record_latency
 	$(BIN)/python -m benchmarks.trace_loading
 	$(BIN)/python -m benchmarks.tokenizer_speed
+	$(BIN)/python -m benchmarks.invariant_scaling
 
 # Real targets live in their own environments (heavy, conflicting pins; never the bench's .venv).
 # torch is the local CPU wheel, installed first so nothing can pull a CUDA build; a check refuses one anyway.
