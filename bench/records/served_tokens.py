@@ -190,9 +190,11 @@ class ServedTokens:
         A context as long as the prompt continues it only if it served tokens (a partial rollout resumed after an
         abort); one that served none is an earlier attempt at the same turn and is passed over."""
         size = len(prompt) // _INT32
-        candidates = [i for i in reversed(siblings) if self._continuable(self.entries[i], size)]
-        shorter = [i for i in siblings if self.entries[i].played and self.entries[i].prompt_len < size]
-        latest = shorter[-1] if shorter else None  # the loop's previous step, when it is one
+        # latest first, lazily: the latest context is usually the one continued, so a request looks at a few of its
+        # trajectory's earlier requests, not all of them (a 50-turn trajectory's bookkeeping was quadratic in turns)
+        candidates = (i for i in reversed(siblings) if self._continuable(self.entries[i], size))
+        latest = next((i for i in reversed(siblings) if self.entries[i].played and self.entries[i].prompt_len < size),
+                      None)  # the loop's previous step, when it is one
         for i in candidates:
             entry = self.entries[i]
             if prefixes.digest(entry.context_len * _INT32) == entry.context_digest:
