@@ -47,6 +47,7 @@ bench: $(VENV)/.installed-test bench-peers
 	$(BIN)/python -m benchmarks.trace_loading
 	$(BIN)/python -m benchmarks.tokenizer_speed
 	$(BIN)/python -m benchmarks.scale_curve
+	$(BIN)/python -m benchmarks.invariant_scaling
 
 # The mock LLM servers a user would pick instead of the bench (benchmarks/peer_servers.py), each from the package
 # index into its own environment; only their pinned version is ours, their dependencies are what pip resolves.

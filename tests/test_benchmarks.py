@@ -173,6 +173,47 @@ def test_repro_warm_quick_times_a_cold_and_a_forked_repro(tmp_path: Path) -> Non
     assert result["warm_worker_start_s"] > 0 and "ratio to cold" in stdout
 
 
+def test_invariant_scaling_quick_times_every_check_at_two_sizes_and_counts_passes(tmp_path: Path) -> None:
+    """Quick mode (20 and 200 trajectories): a row per check with its CPU time at both sizes, every sample a
+    provenance match (the checks ran their full path), and every check going over the records, requests and
+    fault events as many times at 10x the run as at 1x: linear in them, without a timing threshold."""
+    from bench.invariants import INVARIANTS
+
+    result, stdout = _bench("invariant_scaling", tmp_path)
+    steps = [row["step"] for row in result["rows"]]
+    assert steps == ["fault_reach", *INVARIANTS, "provenance_labels", "all"]
+    for row in result["rows"]:
+        assert row["small_cpu_s"] >= 0 and row["large_cpu_s"] >= 0, row
+    everything = result["rows"][-1]
+    assert everything["large_cpu_s"] > everything["small_cpu_s"] > 0
+    assert everything["per_trajectory_ratio"] == pytest.approx(
+        everything["large_us_per_trajectory"] / everything["small_us_per_trajectory"])
+    small, large = result["sizes"]["20"], result["sizes"]["200"]
+    assert (small["trajectories"], large["trajectories"]) == (20, 200)
+    assert small["matched"] == 20 and large["matched"] == 200  # every sample holds what it was served
+    assert large["requests"] > 10 * 20 * 4 - 20 and large["fault_events"] > 0 and large["served_tokens"] > 0
+    assert result["violations"] == []
+    assert set(result["passes"]["20"]) == {"fault_reach", *INVARIANTS}
+    assert result["passes"]["20"] == result["passes"]["200"] and result["passes_grow"] == []
+    assert "the same at both sizes for every step" in stdout
+    assert (tmp_path / "invariant_scaling.csv").read_text().count("\n") == len(steps) + 1
+
+
+def test_counting_passes_catches_a_check_that_scans_the_fault_log_once_per_record(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What the scaling benchmark's pass count would say of a quadratic check (the per-record scan `faults_for`
+    used to make): more passes over the fault events at 10x the run, where a timing at quick sizes hides it."""
+    from bench.invariants import INVARIANTS
+    from benchmarks.invariant_scaling import build_run, count_passes
+
+    def quadratic(view):  # type: ignore[no-untyped-def]
+        return [e for r in view.records for e in view.fault_events if e.trajectory == r.trajectory and False]
+
+    monkeypatch.setitem(INVARIANTS, "quadratic", quadratic)
+    small, large = count_passes(build_run(6, 3, seed=1)), count_passes(build_run(60, 3, seed=1))
+    assert (small["quadratic"]["fault_events"], large["quadratic"]["fault_events"]) == (6, 60)
+    assert all(small[step] == large[step] for step in small if step != "quadratic")
+
+
 def test_the_load_generator_counts_answers_of_every_framing_and_dropped_connections() -> None:
     """Content-Length, chunked and error answers each count once; a dropped connection counts as dropped."""
     async def answer(request: web.Request) -> web.StreamResponse:

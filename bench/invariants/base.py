@@ -44,6 +44,9 @@ class HangReport:
     deadline_s: float | None = None  # the run's deadline, when it is what ended the run
 
 
+_FAULTS_BY_TRAJECTORY = "fault events by trajectory"
+
+
 @dataclass(frozen=True)
 class RunView:
     records: list[SampleRecord]
@@ -66,7 +69,16 @@ class RunView:
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def faults_for(self, trajectory: str) -> list[FaultEvent]:
-        return [e for e in self.fault_events if e.trajectory == trajectory]
+        """The trajectory's fault events, in log order. Indexed once per view: a scan of the whole log per
+        record made checks that ask for every record quadratic (records x events)."""
+        key = (id(self.fault_events), len(self.fault_events))
+        index = self.memo.get(_FAULTS_BY_TRAJECTORY)
+        if index is None or index[0] != key:
+            by_trajectory: dict[str, list[FaultEvent]] = {}
+            for event in self.fault_events:
+                by_trajectory.setdefault(event.trajectory, []).append(event)
+            index = self.memo[_FAULTS_BY_TRAJECTORY] = (key, by_trajectory)
+        return list(index[1].get(trajectory, ()))
 
     def final_attempt_faults(self, record: SampleRecord) -> list[FaultEvent]:
         """The fault events behind what a record holds: those of its final attempt's requests when the target

@@ -27,10 +27,13 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
 
+import numpy as np
+
 from bench.records.sample import RETOKENIZED, SampleRecord
 from bench.records.served_tokens import ServedEntry, ServedTokens
 
 from .base import RunView, Violation, preceding
+from .token_arrays import Trained, trained
 
 NAME = "provenance"
 NO_LOGPROB_SENTINEL = -9999.0  # what vLLM's chat and token routes write for a logprob they have none of
@@ -97,27 +100,62 @@ def _assess_all(view: RunView) -> dict[str, Assessment]:
                 for r in view.records}
     unidentified = any(r.drift == "unknown_prompt" for r in view.requests)
     used: set[int] = set()  # answers of a group's identical requests already matched to one of its samples
-    return {r.trajectory: _assess(view, served, r, unidentified, used) for r in view.records}
+    flat = _Flat(served)
+    return {r.trajectory: _assess(view, served, r, unidentified, used, flat) for r in view.records}
+
+
+class _Flat:
+    """Copies of the served arrays as NumPy arrays, made once per assessment (copies, not views: a view would pin
+    the store's arrays, which a late answer may still extend), so a sample's served tokens are slices, not loops."""
+
+    def __init__(self, served: ServedTokens) -> None:
+        self.ids = np.array(served.ids, dtype=np.int32)
+        self.logprobs = np.array(served.logprobs, dtype=np.float64)
+        self._served = served
+
+    def along(self, chain: list[ServedEntry], from_entries: bool
+              ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]:
+        """`_expected` without a Python step per token: the chain's served ids and logprobs, and one span per
+        answer that served tokens, (chain index, start in the ids, tokens)."""
+        ids: list[np.ndarray] = []
+        logprobs: list[np.ndarray] = []
+        spans: list[tuple[int, int, int]] = []
+        at = 0
+        for index, entry in enumerate(chain):
+            stream = self._served.entry_streams.get(entry.index) if from_entries else None
+            if stream is not None:
+                tokens, values = np.array(stream[0], dtype=np.int64), np.array(stream[1], dtype=np.float64)
+            else:
+                tokens = self.ids[entry.offset: entry.offset + entry.count]
+                values = self.logprobs[entry.offset: entry.offset + entry.count]
+            if len(tokens):
+                ids.append(tokens)
+                logprobs.append(values)
+                spans.append((index, at, len(tokens)))
+                at += len(tokens)
+        if not ids:
+            return np.zeros(0, np.int64), np.zeros(0, np.float64), spans
+        return np.concatenate(ids), np.concatenate(logprobs), spans
 
 
 def _assess(view: RunView, served: ServedTokens, record: SampleRecord, unidentified: bool,
-            used: set[int]) -> Assessment:
+            used: set[int], flat: _Flat) -> Assessment:
     trajectory = record.trajectory
     if record.outcome not in ("completed", "truncated", "aborted"):
         return Assessment(trajectory, NOT_CHECKED, NONE, f"not a training sample ({record.outcome})")
     if len(record.loss_mask) != len(record.response_ids):
         return Assessment(trajectory, NOT_CHECKED, NONE,
                           "loss mask and response ids differ in length (token_alignment reports it)")
-    positions = [i for i, m in enumerate(record.loss_mask) if m]
-    if not positions:
+    tokens = trained(view.memo, record)
+    if not len(tokens.positions):
         return Assessment(trajectory, NOT_CHECKED, NONE, "no token under loss mask 1: nothing is trained on")
     final = _final_request(served, record)
     if final is None and unidentified:
         return Assessment(trajectory, NOT_CHECKED, NONE, "none of its requests was identified (unknown prompts)")
     chain = served.chain(final) if final is not None else []
     if view.tokens_source == RETOKENIZED:
-        return _assess_text(view, served, record, positions, chain)
-    return _assess_tokens(view, served, record, positions, chain, _alternatives(served, record, final), used)
+        return _assess_text(view, served, record, tokens.positions.tolist(), chain)
+    return _assess_tokens(view, served, record, tokens, chain, _alternatives(served, record, final), used, flat)
 
 
 def _final_request(served: ServedTokens, record: SampleRecord) -> ServedEntry | None:
@@ -162,21 +200,30 @@ def _readings(served: ServedTokens, chain: list[ServedEntry]) -> list[bool]:
     return [False, True] if any(e.index in served.entry_streams for e in chain) else [False]
 
 
-def _assess_tokens(view: RunView, served: ServedTokens, record: SampleRecord, positions: list[int],
-                   chain: list[ServedEntry], alternatives: list[ServedEntry], used: set[int]) -> Assessment:
+def _assess_tokens(view: RunView, served: ServedTokens, record: SampleRecord, tokens: Trained,
+                   chain: list[ServedEntry], alternatives: list[ServedEntry], used: set[int], flat: _Flat) -> Assessment:
     """Against the final attempt; when that is a guess, against the first unused candidate that matches."""
     trajectory = record.trajectory
-    got = [record.response_ids[i] for i in positions]
-    token_match: tuple[list[ServedEntry], list[float], list[tuple[int, int]]] | None = None
+    positions = tokens.positions.tolist()
+    got_array = tokens.ids
+    got = got_array.tolist() if got_array is not None else [record.response_ids[i] for i in positions]
+    token_match: tuple[list[ServedEntry], np.ndarray, list[tuple[int, int]],
+                       tuple[int, str, float | None]] | None = None
     chains = [chain] if not alternatives else [served.chain(e) for e in alternatives if e.index not in used]
     for candidate, from_entries in ((c, reading) for c in chains for reading in _readings(served, c)):
-        ids, logprobs, origin = _expected(served, candidate, from_entries)
-        chosen = _trained_turns(record, got, ids, origin)
+        ids, logprobs, spans = flat.along(candidate, from_entries)
+        if got_array is not None and np.array_equal(got_array, ids):
+            chosen: dict[int, int] | None = {index: length for index, _, length in spans}  # every turn, whole
+        else:
+            expected = ids.tolist()
+            chosen = _trained_turns(record, got, expected, [(index, expected[start: start + length])
+                                                             for index, start, length in spans])
         if chosen is None:
             continue
-        keep = [k for k, (index, offset) in enumerate(origin) if offset < chosen.get(index, 0)]
-        expected_lp = [logprobs[k] for k in keep]
-        problem = None if record.logprobs is None else _first_logprob_problem(record, positions, expected_lp)
+        taken = [(index, start, chosen.get(index, 0)) for index, start, _ in spans]
+        expected_lp = np.concatenate([logprobs[start: start + count] for _, start, count in taken]) if taken \
+            else np.zeros(0, np.float64)
+        problem = None if record.logprobs is None else _first_logprob_problem(record, tokens, expected_lp)
         if problem is None:
             if alternatives:
                 used.add(candidate[-1].index)
@@ -189,20 +236,43 @@ def _assess_tokens(view: RunView, served: ServedTokens, record: SampleRecord, po
                 notes.append("as its answers' logprob entries showed them (a fault made them disagree with the "
                              "token ids)")
             return Assessment(trajectory, MATCH, check, "; ".join(notes))
-        token_match = token_match or (candidate, expected_lp, [origin[k] for k in keep])
+        if token_match is None:
+            origin = [(index, offset) for index, _, count in taken for offset in range(count)]
+            token_match = (candidate, expected_lp, origin, problem)
     if token_match is not None:
-        candidate, expected_lp, origin = token_match
-        k, kind, have = _first_logprob_problem(record, positions, expected_lp)  # type: ignore[misc]
+        candidate, expected_lp, origin, (k, kind, have) = token_match
         entry, offset = candidate[origin[k][0]], origin[k][1]
         return Assessment(trajectory, MISMATCH, TOKENS_AND_LOGPROBS, violation=_logprob_violation(
-            view, record, kind, k, positions[k], have, expected_lp[k], entry, offset))
+            view, record, kind, k, positions[k], have, float(expected_lp[k]), entry, offset))
     expected, _, origin = _expected(served, chain)
     return Assessment(trajectory, MISMATCH, TOKENS_ONLY, violation=_token_violation(
         view, served, record, positions, got, expected, origin, chain, alternatives))
 
 
-def _first_logprob_problem(record: SampleRecord, positions: list[int], served: list[float]
+def _first_logprob_problem(record: SampleRecord, tokens: Trained, served: np.ndarray
                            ) -> tuple[int, str, float | None] | None:
+    """The first model token whose logprob is not the one served: (its index, the problem, the logprob it
+    carries). Located over arrays, then judged by `_logprob_problem` itself; a sample whose logprobs are not
+    all plain numbers is judged token by token."""
+    assert record.logprobs is not None
+    have = tokens.logprobs
+    if have is None:
+        return _first_logprob_problem_slowly(record, tokens.positions.tolist(), served.tolist())
+    with np.errstate(invalid="ignore"):
+        shown, number = np.isnan(served), ~np.isnan(have)
+        problems = (shown & number & (have != NO_LOGPROB_SENTINEL)) | (~shown & ~number) | \
+            (~shown & number & ~(np.abs(have - served) <= ABS_TOL + REL_TOL * np.abs(served)))
+    for k in np.flatnonzero(problems).tolist():  # the first, unless the scalar rule disagrees (it never should)
+        i = int(tokens.positions[k])
+        found = record.logprobs[i] if i < len(record.logprobs) else None
+        problem = _logprob_problem(found, float(served[k]))
+        if problem is not None:
+            return k, problem, found
+    return None
+
+
+def _first_logprob_problem_slowly(record: SampleRecord, positions: list[int], served: list[float]
+                                  ) -> tuple[int, str, float | None] | None:
     assert record.logprobs is not None
     for k, i in enumerate(positions):
         have = record.logprobs[i] if i < len(record.logprobs) else None
@@ -212,18 +282,15 @@ def _first_logprob_problem(record: SampleRecord, positions: list[int], served: l
     return None
 
 
-def _trained_turns(record: SampleRecord, got: list[int], expected: list[int], origin: list[tuple[int, int]]
+def _trained_turns(record: SampleRecord, got: list[int], expected: list[int], spans: list[tuple[int, list[int]]]
                    ) -> dict[int, int] | None:
     """Which served turns the model tokens are, as {chain index: tokens trained}, or None when they are not.
 
     The model tokens must be whole turns of the final attempt, in order (a truncated sample's last one may stop
     early). A turn may be left out of training: before the first trained one it may sit in the prompt; after
-    it, it must be in the response whole under loss mask 0 (masked, not lost). Every turn, when that fits."""
-    spans: list[tuple[int, list[int]]] = []
-    for k, (index, _) in enumerate(origin):
-        if not spans or spans[-1][0] != index:
-            spans.append((index, []))
-        spans[-1][1].append(expected[k])
+    it, it must be in the response whole under loss mask 0 (masked, not lost). Every turn, when that fits.
+    `spans`: (chain index, its served tokens) per answer that served any, in chain order; `expected` is them
+    joined."""
     if got == expected:
         return {index: len(tokens) for index, tokens in spans}
     truncated = record.outcome == "truncated"

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from bench.records.sample import SampleRecord
+
 from .base import RunView, Violation, preceding
+from .token_arrays import trained
 
 NAME = "token_alignment"
 
@@ -29,7 +34,7 @@ def check(view: RunView) -> list[Violation]:
         elif record.logprobs and len(record.logprobs) > 1 and all(lp == 0.0 for lp in record.logprobs):
             out.append(Violation(NAME, record.trajectory, "logprobs are all exactly 0.0 (zero-filled)",
                                  {"logprobs": len(record.logprobs)}, preceding(view, record.trajectory, record)))
-        elif record.logprobs and record.outcome != "aborted":
+        elif record.logprobs and record.outcome != "aborted" and not _trained_all_finite(view, record):
             bad = [i for i, (lp, trained) in enumerate(zip(record.logprobs, record.loss_mask))
                    if trained and not _finite(lp)]
             if bad:
@@ -39,6 +44,13 @@ def check(view: RunView) -> list[Violation]:
                     f"{bad[0]})", {"positions": bad[:20], "count": len(bad), "first": repr(record.logprobs[bad[0]])},
                     preceding(view, record.trajectory, record)))
     return out
+
+
+def _trained_all_finite(view: RunView, record: SampleRecord) -> bool:
+    """True when every trained logprob is a finite plain number, said over an array (the usual case); False
+    sends the record to the token-by-token check, which names the positions."""
+    logprobs = trained(view.memo, record).logprobs
+    return logprobs is not None and bool(np.isfinite(logprobs).all())
 
 
 def _finite(logprob: object) -> bool:

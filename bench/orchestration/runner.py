@@ -18,6 +18,7 @@ import threading
 import time
 from array import array
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from bench.invariants import Bounds, HangReport, RunView, Violation, check_all, provenance
@@ -37,8 +38,9 @@ from bench.targets.frameworks.envs import target_python
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import FaultEvent, Plan
 
-from .known import KnownViolation, resolve_known, split
+from . import collector
 from .interrupt import INTERRUPTED, Interrupt
+from .known import KnownFinding, KnownViolation, resolve_known, split
 
 DEFAULT_PLAN = "seed-000"
 ISOLATIONS = ("process", "inline")
@@ -216,6 +218,13 @@ async def run(config: RunConfig, *, show_progress: bool = False,
     what came back until then, marked `interrupted`."""
     known = resolve_known(config.known) if config.known else None  # a bad file fails before any worker starts
     target: TargetAdapter = _target(config)
+    with collector.tuned():  # the bench's CPU: fewer collections, none walking the loaded trace
+        return await _run_tuned(target, config, known, show_progress, while_starting, interrupt)
+
+
+async def _run_tuned(target: TargetAdapter, config: RunConfig, known: tuple[Path, list[KnownFinding]] | None,
+                     show_progress: bool, while_starting: Callable[[], None] | None,
+                     interrupt: Interrupt | None) -> RunResult:
     started, clock, cpu = time.time(), time.monotonic(), time.process_time()
     if isinstance(target, IsolatedTarget):
         # its imports overlap the trace loading below; the trace's path lets it skip what the trace won't need
@@ -293,6 +302,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                            groups_of=config.trajectories, upstream=config.upstream, tokenizer_dir=config.tokenizer_dir,
                            **config.server_options) as server:
         store = server.context.store
+        collector.freeze_loaded()  # the trace is in memory for the whole run: no full collection walks it again
         chosen = store.trajectories if config.trajectories is None else [
             store.by_id[t] for t in config.trajectories]
         chosen = chosen[: config.n] if config.n is not None else chosen

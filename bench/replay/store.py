@@ -8,10 +8,11 @@ request is then a length check and one `memcmp`, and memory stays linear in the 
 
 from __future__ import annotations
 
-import warnings
+import struct
 from array import array
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,8 +22,18 @@ INT32 = 4
 
 
 def pack(ids: list[int]) -> bytes:
-    """Token ids as packed int32 bytes (what sequences are compared as)."""
-    return array("i", ids).tobytes()
+    """Token ids as packed int32 bytes (what sequences are compared as). The server packs every request's
+    context (1,640 ids on average in agentic-500), twice: `struct` takes half the time `array` does. Whatever
+    it refuses (an id that is no int32, or no int) goes through `array`, which raises what it always raised."""
+    try:
+        return _int32s(len(ids)).pack(*ids)
+    except struct.error:
+        return array("i", ids).tobytes()
+
+
+@lru_cache(maxsize=4096)
+def _int32s(count: int) -> struct.Struct:
+    return struct.Struct(f"{count}i")  # native int, as array("i"): the same bytes
 
 
 @dataclass(frozen=True)
@@ -78,19 +89,19 @@ def _in_vocab(ids: list[int], vocab_size: int) -> bool:
 
 
 def _pack_in_vocab(sequence: list[int], vocab_size: int) -> bytes | None:
-    """`pack(sequence)`, or None when an id is outside the vocabulary: one C pass converts, min and max are then
-    nearly free (checking each id list with min() and max() cost as much as decoding the trace)."""
+    """`pack(sequence)`, or None when an id is outside the vocabulary: one C pass packs (the trace's schema made
+    them ints), min and max over the packed array are then nearly free (checking each id list with min() and
+    max() cost as much as decoding the trace)."""
     import numpy
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)  # numpy < 2 wraps out-of-bounds ints with this warning
-        try:
-            packed = numpy.array(sequence, dtype=numpy.int32)
-        except (OverflowError, DeprecationWarning):
-            return None
-    if packed.size and (packed.min() < 0 or packed.max() >= vocab_size):
+    try:
+        packed = pack(sequence)
+    except OverflowError:  # not an int32, so not in any vocabulary
         return None
-    return packed.tobytes()
+    values = numpy.frombuffer(packed, dtype=numpy.int32)
+    if values.size and (values.min() < 0 or values.max() >= vocab_size):
+        return None
+    return packed
 
 
 def _recorded(trajectory: Trajectory, index: int, member: int, vocab_size: int) -> RecordedTrajectory | None:
