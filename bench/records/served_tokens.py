@@ -72,6 +72,9 @@ class ServedTokens:
         self.ids = array("i")
         self.logprobs = array("d")  # NaN where the answer showed no usable logprob
         self._by_trajectory: dict[str, list[int]] = {}
+        # per trajectory, its entries by prompt length: only a shorter prompt can be continued (`_shorter`), and
+        # the retries of one turn (a benchmark repeats a turn thousands of times) are then never walked again
+        self._by_prompt_len: dict[str, dict[int, list[int]]] = {}
         self._by_record: dict[int, int] = {}  # id(record) -> entry index
         # entry index -> (ids, logprobs) of its answer's logprob entries, where they disagreed with its token ids
         self.entry_streams: dict[int, tuple[list[int], list[float]]] = {}
@@ -90,10 +93,12 @@ class ServedTokens:
         entry.root = entry.index
         if record.trajectory is not None:
             siblings = self._by_trajectory.setdefault(record.trajectory, [])
-            entry.parent, entry.link = self._parent_of(siblings, prompt)
+            by_length = self._by_prompt_len.setdefault(record.trajectory, {})
+            entry.parent, entry.link = self._parent_of(self._shorter(by_length, entry.prompt_len), prompt)
             if entry.parent is not None:
                 entry.root = self.entries[entry.parent].root
             siblings.append(entry.index)
+            by_length.setdefault(entry.prompt_len, []).append(entry.index)
         self.entries.append(entry)
         root = self.entries[entry.root] if entry.root != entry.index else entry
         if root.record.by_order and root.record.group is not None:
@@ -107,28 +112,28 @@ class ServedTokens:
                entries: tuple[list[int], list[float | None]] | None = None) -> None:
         """The tokens a played request served (a prefix when it was aborted), with the logprobs its answer showed;
         `entries`: the ids and logprobs of its logprob entries, when a fault made them disagree with its ids."""
+        self.finish_packed(record, prompt, PackedAnswer.of(ids, logprobs), weight_version, entries)
+
+    def finish_packed(self, record: RequestRecord, prompt: list[int], answer: "PackedAnswer",
+                      weight_version: str | None,
+                      entries: tuple[list[int], list[float | None]] | None = None) -> None:
+        """`finish`, with the served tokens already converted (the server's fast path serves one answer many times)."""
         index = self._by_record.get(id(record))
         if index is None:
             return  # not identified through `begin` (a bench-internal request)
         entry = self.entries[index]
-        entry.offset, entry.count, entry.played = len(self.ids), len(ids), True
-        self.ids.extend(ids)
-        entry.logprobs_shown = logprobs is not None
-        shown = logprobs or []
-        head = shown if len(shown) == len(ids) else shown[: len(ids)]
-        if len(head) == len(ids) and set(map(type, head)) <= _NUMBERS:  # the usual answer: extended in C
-            self.logprobs.extend(head)
-        else:  # None (no usable logprob) or too few shown: NaN there
-            self.logprobs.extend(_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids)))
-        packed_ids = array("i", ids).tobytes()
+        entry.offset, entry.count, entry.played = len(self.ids), len(answer.ids), True
+        self.ids.extend(answer.ids)
+        entry.logprobs_shown = answer.shown
+        self.logprobs.extend(answer.logprobs)
         if entry.prompt_hash is not None and len(prompt) == entry.prompt_len:
-            entry.prompt_hash.update(packed_ids)  # the same digest as of prompt + output, without the prompt again
+            entry.prompt_hash.update(answer.packed)  # the same digest as of prompt + output, without the prompt again
             entry.context_digest, entry.prompt_hash = entry.prompt_hash.digest(), None
         else:
-            entry.context_digest = _digest(array("i", prompt).tobytes() + packed_ids)
+            entry.context_digest = _digest(array("i", prompt).tobytes() + answer.packed)
         if entries is not None:  # rare (a fault): kept beside the arrays, not in them
             self.entry_streams[index] = (list(entries[0]), [_as_float(v) for v in entries[1]])
-        record.served_tokens, record.served_digest = len(ids), token_digest(ids)
+        record.served_tokens, record.served_digest = len(answer.ids), answer.digest
         record.weight_version = weight_version
         record.logprobs_served = entry.logprobs_shown
         if entry.parent is not None:
@@ -178,8 +183,17 @@ class ServedTokens:
                                 else np.zeros(0, np.float64))
         return path
 
+    @staticmethod
+    def _shorter(by_length: dict[int, list[int]], size: int) -> list[int]:
+        """A trajectory's entries whose prompt is shorter than `size` tokens, in arrival order: the only ones
+        `_parent_of` can pick (a context continued is the prompt plus served tokens, so its prompt is shorter)."""
+        shorter = [index for length, indices in by_length.items() if length < size for index in indices]
+        shorter.sort()
+        return shorter
+
     def _parent_of(self, siblings: list[int], prompt: bytes) -> tuple[int | None, str]:
-        """The latest earlier played request whose whole context starts `prompt`.
+        """The latest earlier played request whose whole context starts `prompt` (`siblings`: the trajectory's
+        earlier entries whose prompt is shorter, in arrival order).
 
         A context as long as the prompt continues it only if it served tokens (a partial rollout resumed after an
         abort); one that served none is an earlier attempt at the same turn and is passed over."""
@@ -215,6 +229,30 @@ class ServedTokens:
 
 
 _NUMBERS = frozenset({float, int})
+
+
+@dataclass(frozen=True, slots=True)
+class PackedAnswer:
+    """The tokens one answer served, as the store keeps them: ids (int32), the logprobs the answer showed (float64,
+    NaN where it showed none), the packed ids and their digest."""
+
+    ids: "array[int]"
+    logprobs: "array[float]"
+    shown: bool  # the answer carried logprobs at all
+    packed: bytes
+    digest: str  # `token_digest(ids)`
+
+    @classmethod
+    def of(cls, ids: list[int], logprobs: list[float | None] | None) -> "PackedAnswer":
+        packed_ids = array("i", ids)
+        shown = logprobs or []
+        head = shown if len(shown) == len(ids) else shown[: len(ids)]
+        if len(head) == len(ids) and set(map(type, head)) <= _NUMBERS:  # the usual answer: converted in C
+            values = array("d", head)
+        else:  # None (no usable logprob) or too few shown: NaN there
+            values = array("d", (_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids))))
+        raw = packed_ids.tobytes()
+        return cls(packed_ids, values, logprobs is not None, raw, hashlib.blake2b(raw, digest_size=8).hexdigest())
 
 
 def _as_float(value: float | None) -> float:

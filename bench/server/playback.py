@@ -17,6 +17,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from bench.records.request_log import RequestRecord
+from bench.records.served_tokens import PackedAnswer
 from bench.replay import Generation, Identity, pack
 from faults import Exchange
 
@@ -36,6 +37,7 @@ class Choice:
     record: RequestRecord
     exchange: Exchange | None = None  # what faults changed in the answer (its logprobs, its reported version)
     logprobs_requested: bool = False
+    packed: PackedAnswer | None = None  # the whole answer's served tokens, converted once (the fast path's)
 
 
 @dataclass(frozen=True)
@@ -52,18 +54,25 @@ def new_record(ctx: ServerContext, endpoint: str, arrived: float, *, rid: str | 
     record = RequestRecord(started=arrived, endpoint=endpoint, rid=rid, stream=stream, prompt_tokens=prompt_tokens)
     ctx.log.append(record)
     if request is not None:
-        request.setdefault(SERVED_KEY, []).append(record)
+        try:  # not `setdefault`: a request's mapping methods are the slow generic ones
+            request[SERVED_KEY].append(record)
+        except KeyError:
+            request[SERVED_KEY] = [record]
     return record
 
 
 def identified(ctx: ServerContext, record: RequestRecord, generation: Generation, prompt_ids: list[int]) -> None:
     """Log the trajectory, turn and attempt the request was taken to be; when it is a trajectory's turn, keep
     what it will be served (`served_tokens`)."""
-    identity = generation.identity
+    identified_as(ctx, record, generation.identity, prompt_ids)
+
+
+def identified_as(ctx: ServerContext, record: RequestRecord, identity: Identity, prompt: list[int] | bytes) -> None:
+    """`identified`, from the identity itself (`prompt`: the ids, or already packed as int32 bytes)."""
     record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
     record.attempt, record.drift, record.by_order = identity.attempt, identity.drift, identity.by_order
     if record.trajectory is not None:
-        ctx.served.begin(record, pack(prompt_ids))
+        ctx.served.begin(record, prompt if isinstance(prompt, bytes) else pack(prompt))
 
 
 def served_logprobs(choice: Choice, count: int) -> list[float | None] | None:
@@ -94,6 +103,9 @@ def entry_stream(choice: Choice, count: int, shown: list[float | None] | None
 
 
 def _keep_served(ctx: ServerContext, choice: Choice, count: int) -> None:
+    if choice.packed is not None and count == len(choice.packed.ids):
+        ctx.served.finish_packed(choice.record, choice.prompt_ids, choice.packed, ctx.state.weight_version)
+        return
     exchange = choice.exchange
     version: str | None = ctx.state.weight_version
     if exchange is not None:
@@ -141,6 +153,12 @@ async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnT
     decode = max(0.0, generation.total - generation.ttft) * scale
     served = 0  # tokens played so far: what the client was (or is being) served
     try:
+        if on_token is None and generation.ttft * scale <= 0 and decode <= 0 and not entry.aborted \
+                and not ctx.state.paused:
+            # unpaced, as both `pacer.sleep(0)` below would find it: nothing to wait for
+            pacer.first_token()
+            served = total
+            return _finish(ctx, choice, arrived, total, False)
         if not await pacer.sleep(generation.ttft * scale):
             return _finish(ctx, choice, arrived, 0, True, queued=True)
         pacer.first_token()
