@@ -204,6 +204,7 @@ class ReplyCache:
     def __init__(self, limit_bytes: int = 64 * 2**20) -> None:
         self.limit_bytes = limit_bytes
         self.bytes = 0
+        self.hits = self.saved = 0  # replies answered from the cache, replies made and saved
         self._replies: OrderedDict[tuple[Any, ...], Reply | None] = OrderedDict()
         self.sampling = SamplingCache()
 
@@ -212,10 +213,14 @@ class ReplyCache:
 
     def get(self, key: tuple[Any, ...]) -> Reply | None | bool:
         """The saved reply; None: that answer is never saved (the slow path answers); False: not made yet."""
-        return self._replies.get(key, False)
+        reply = self._replies.get(key, False)
+        if reply:
+            self.hits += 1
+        return reply
 
     def put(self, key: tuple[Any, ...], reply: Reply | None) -> None:
         self._replies[key] = reply
+        self.saved += reply is not None
         self.bytes += reply.size if reply is not None else 64
         while self.bytes > self.limit_bytes and len(self._replies) > 1:
             _, old = self._replies.popitem(last=False)
