@@ -88,6 +88,17 @@ class FaultEngine:
         fired = compiled.fired(target, elapsed)
         return Decision(tuple(forced) + fired if forced else fired, target)
 
+    def fired_at(self, trajectory: str, index: int | None, group: str | None, turn: int, attempt: int,
+                 endpoint: str) -> tuple[Rule, ...]:
+        """`decide(Target(...)).rules`, without making the target or the decision (the server's fast path asks this
+        on every request, and nearly always nothing fires)."""
+        plan = self.plan
+        elapsed = self.elapsed(plan)
+        compiled = self._compiled
+        if compiled is None or compiled.plan is not plan:
+            compiled = self._compiled = CompiledPlan(plan)
+        return compiled.fired_fields(trajectory, index, group, turn, attempt, endpoint, elapsed)
+
     def apply(self, decision: Decision, exchange: Exchange, request_id: str) -> None:
         """Apply each fired rule to the exchange and log what it changed.
 
@@ -170,38 +181,47 @@ class CompiledPlan:
         self._places: dict[tuple[object, ...], tuple[tuple[Rule, bytes | None, int, bool], ...]] = {}
 
     def fired(self, target: Target, elapsed: float) -> tuple[Rule, ...]:
+        return self.fired_fields(target.trajectory, target.index, target.group, target.turn, target.attempt,
+                                 target.endpoint, elapsed, target)
+
+    def fired_fields(self, trajectory: str, index: int | None, group: str | None, turn: int, attempt: int,
+                     endpoint: str, elapsed: float, target: Target | None = None) -> tuple[Rule, ...]:
+        """The rules that fire for the target of these fields (made only if a rule's schedule needs it whole)."""
         if not self.rules:
             return ()
-        place = (target.trajectory, target.index, target.group, target.turn, target.endpoint)
+        place = (trajectory, index, group, turn, endpoint)
         candidates = self._places.get(place)
         if candidates is None:
-            candidates = self._candidates(target)
+            candidates = self._candidates(trajectory, index, group, turn, endpoint)
             if len(self._places) >= self._PLACES:
                 self._places.clear()
             self._places[place] = candidates
         if not candidates:
             return ()
-        suffix = f"{target.trajectory}\x00{target.turn}\x00{target.attempt}".encode()
+        suffix = f"{trajectory}\x00{turn}\x00{attempt}".encode()
         fired = []
         for rule, key, threshold, simple in candidates:
             if not simple:
+                if target is None:
+                    target = Target(trajectory, index, group, turn, attempt, endpoint)
                 if rule.schedule.fires(self.plan.seed, rule.name, target, elapsed):
                     fired.append(rule)
             elif key is None or _from_bytes(blake2b(key + suffix, digest_size=8).digest(), "big") < threshold:
                 fired.append(rule)
         return tuple(fired)
 
-    def _candidates(self, target: Target) -> tuple[tuple[Rule, bytes | None, int, bool], ...]:
+    def _candidates(self, trajectory: str, index: int | None, group: str | None, turn: int, endpoint: str
+                    ) -> tuple[tuple[Rule, bytes | None, int, bool], ...]:
         """The rules whose place conditions hold for the target, each with its hash key (None: no probability),
         its integer threshold, and whether that is all left to check (no attempt or time condition)."""
         out = []
         for rule, key, threshold in zip(self.rules, self._keys, self._thresholds):
             s = rule.schedule
-            if (s.endpoints is not None and target.endpoint not in s.endpoints
-                    or s.trajectories is not None and target.trajectory not in s.trajectories
-                    or s.groups is not None and target.group not in s.groups
-                    or s.turns is not None and target.turn not in s.turns
-                    or s.every is not None and (target.index is None or (target.index + 1) % s.every)):
+            if (s.endpoints is not None and endpoint not in s.endpoints
+                    or s.trajectories is not None and trajectory not in s.trajectories
+                    or s.groups is not None and group not in s.groups
+                    or s.turns is not None and turn not in s.turns
+                    or s.every is not None and (index is None or (index + 1) % s.every)):
                 continue
             out.append((rule, key, threshold, s.attempts is None and s.first is None and s.window is None))
         return tuple(out)

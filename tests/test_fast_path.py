@@ -43,7 +43,7 @@ LOGPROB_SHAPES = [{}, {"return_logprob": False, "top_logprobs_num": 2}] + [
 SHAPES_PER_TURN = 4  # each turn under 4 of the shapes, in rotation: every shape meets ~40 turns per profile
 LOG_FIELDS = ("endpoint", "rid", "trajectory", "group", "turn", "drift", "by_order", "stream", "status",
               "prompt_tokens", "completion_tokens", "finish", "client_disconnected", "error", "served_tokens",
-              "served_digest", "weight_version", "logprobs_served")
+              "served_digest", "weight_version", "logprobs_served", "continues")
 
 
 def _sampling(trajectory: Any, turn: int) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def _log_row(ctx: ServerContext, index: int, with_rid: bool) -> tuple[Any, ...]:
     entry = ctx.served.entry_of(record)
     served = None if entry is None else (list(ctx.served.tokens(entry)), [round(v, 9) if v == v else "nan"
                                                                            for v in ctx.served.logprobs_of(entry)],
-                                         entry.logprobs_shown, entry.link)
+                                         entry.logprobs_shown, entry.link, entry.context_digest, entry.parent)
     return tuple(getattr(record, f) for f in fields) + (served,)
 
 

@@ -85,11 +85,15 @@ class ServedTokens:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def begin(self, record: RequestRecord, prompt: bytes) -> ServedEntry:
-        """Register an identified request (prompt as packed int32) and find the request it continues."""
-        hashed = hashlib.blake2b(prompt, digest_size=16)  # kept: `finish` adds the output, not the prompt again
-        entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=hashed.digest(),
-                            prompt_hash=hashed)
+    def begin(self, record: RequestRecord, prompt: bytes, prompt_digest: bytes | None = None) -> ServedEntry:
+        """Register an identified request (prompt as packed int32) and find the request it continues;
+        `prompt_digest`: the prompt's digest, when known (its answer then knows the whole context's: `PackedAnswer`)."""
+        if prompt_digest is None:
+            hashed = hashlib.blake2b(prompt, digest_size=16)  # kept: `finish` adds the output, not the prompt again
+            entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=hashed.digest(),
+                                prompt_hash=hashed)
+        else:
+            entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=prompt_digest)
         entry.root = entry.index
         if record.trajectory is not None:
             siblings = self._by_trajectory.setdefault(record.trajectory, [])
@@ -129,6 +133,8 @@ class ServedTokens:
         if entry.prompt_hash is not None and len(prompt) == entry.prompt_len:
             entry.prompt_hash.update(answer.packed)  # the same digest as of prompt + output, without the prompt again
             entry.context_digest, entry.prompt_hash = entry.prompt_hash.digest(), None
+        elif answer.context is not None and len(prompt) == entry.prompt_len:
+            entry.context_digest = answer.context  # the answer to this very prompt, digested once
         else:
             entry.context_digest = _digest(array("i", prompt).tobytes() + answer.packed)
         if entries is not None:  # rare (a fault): kept beside the arrays, not in them
@@ -241,9 +247,11 @@ class PackedAnswer:
     shown: bool  # the answer carried logprobs at all
     packed: bytes
     digest: str  # `token_digest(ids)`
+    context: bytes | None = None  # the context digest of prompt + these tokens, for the one prompt it answers
 
     @classmethod
-    def of(cls, ids: list[int], logprobs: list[float | None] | None) -> "PackedAnswer":
+    def of(cls, ids: list[int], logprobs: list[float | None] | None, prompt: bytes | None = None) -> "PackedAnswer":
+        """`prompt` (packed int32): the one prompt this answer is served to, whose context digest it then holds."""
         packed_ids = array("i", ids)
         shown = logprobs or []
         head = shown if len(shown) == len(ids) else shown[: len(ids)]
@@ -252,7 +260,8 @@ class PackedAnswer:
         else:  # None (no usable logprob) or too few shown: NaN there
             values = array("d", (_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids))))
         raw = packed_ids.tobytes()
-        return cls(packed_ids, values, logprobs is not None, raw, hashlib.blake2b(raw, digest_size=8).hexdigest())
+        return cls(packed_ids, values, logprobs is not None, raw, hashlib.blake2b(raw, digest_size=8).hexdigest(),
+                   None if prompt is None else _digest(prompt + raw))
 
 
 def _as_float(value: float | None) -> float:

@@ -12,13 +12,14 @@ from bench.records.attribution import TRAJECTORY_HEADER
 from bench.records.request_log import RequestRecord
 from bench.replay import Generation, Identity, build_generation, context_error, pack
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
+from faults.engine import Decision
 
 from . import transport, wire
 from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_fast import FastRequest, Reply, accept, make_reply, native_request
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
-from .playback import Choice, identified, identified_as, new_record, play, reject, upstream_failed
+from .playback import Choice, identified, identified_as, new_record, play, played_at_once, reject, upstream_failed
 from .served import SERVED_KEY
 
 
@@ -128,36 +129,38 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
     packed = pack(fast.ids)
     identity = ctx.identifier.identify(packed, fast.hint)
     ctx.faults.observe(identity.trajectory, packed, ctx.tokenizer)  # did it act on an earlier faulted answer?
-    identified_as(ctx, record, identity, packed)
-    decision = ctx.faults.decide(ctx.target(identity, request.path))
+    decision = ctx.decide(identity, request.path)
     reply = None
     if (identity.drift is None and not identity.resume and identity.turn is not None
-            and not any("native" in rule.fault.apis for rule in decision.rules)):
+            and (decision is None or not any("native" in rule.fault.apis for rule in decision.rules))):
         key = (identity.trajectory, identity.turn, fast.key, fast.shape)
         reply = ctx.replies.get(key)
         if reply is False:
             reply = _new_reply(ctx, identity, fast, packed)
             ctx.replies.put(key, reply)
+    identified_as(ctx, record, identity, packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on
         parsed = native_request(fast)
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=packed)
         exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=False, rid=fast.rid,
-                                decision=decision)
+                                decision=decision or Decision((), ctx.target(identity, request.path)))
         prepared = _checked(ctx, parsed, parsed.items[0], record, exchange, arrived)
         return await _answer(request, ctx, parsed, [prepared], arrived)
-    generation = reply.generation_for(identity)
     for _ in range(_SLOW_PATH_HOPS):  # answered as many loop iterations after arriving as on the slow path
         await asyncio.sleep(0)
-    played = await play(ctx, Choice(0, fast.ids, generation, fast.rid, record, None, fast.shape[0], reply.served), arrived)
-    version = ctx.state.weight_version
-    e2e = time.time() - arrived
-    if played.queued or played.aborted:
-        formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer,
-                                    native_request(fast), version)
-        item = (formatter.queued_abort(fast.rid, e2e) if played.queued else
-                formatter.item(generation, fast.rid, fast.ids, upto=played.count, finish=ABORTED, e2e=e2e))
-        return web.Response(body=transport.encode(item, None), content_type=wire.JSON)
-    return web.Response(body=reply.body(fast.rid, version, e2e), content_type=wire.JSON)
+    if not (reply.instant and played_at_once(ctx, record, identity, fast.rid, fast.ids, reply.served, reply.finish,
+                                             arrived)):
+        generation = reply.generation_for(identity)
+        choice = Choice(0, fast.ids, generation, fast.rid, record, None, fast.shape[0], reply.served)
+        played = await play(ctx, choice, arrived)
+        if played.queued or played.aborted:
+            e2e = time.time() - arrived
+            formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, native_request(fast), ctx.state.weight_version)
+            item = (formatter.queued_abort(fast.rid, e2e) if played.queued else
+                    formatter.item(generation, fast.rid, fast.ids, upto=played.count, finish=ABORTED, e2e=e2e))
+            return web.Response(body=transport.encode(item, None), content_type=wire.JSON)
+    return web.Response(body=reply.body(fast.rid, ctx.state.weight_version, time.time() - arrived),
+                        content_type=wire.JSON)
 
 
 def _new_reply(ctx: ServerContext, identity: Identity, fast: FastRequest, packed: bytes) -> Reply | None:
@@ -168,8 +171,8 @@ def _new_reply(ctx: ServerContext, identity: Identity, fast: FastRequest, packed
     if generation.is_error or context_error(len(fast.ids), max_new, ctx.config.context_length,
                                             legacy=ctx.config.profile.legacy_context_check) is not None:
         return None
-    return make_reply(generation, ctx.config.profile, ctx.tokenizer,
-                      native_request(fast))
+    return make_reply(generation, ctx.config.profile, ctx.tokenizer, native_request(fast), packed,
+                      ctx.config.time_scale)
 
 
 def _log_rejection(ctx: ServerContext, request: web.Request, arrived: float, status: int, error: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from hashlib import blake2b
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -36,13 +37,16 @@ _encode = msgspec.json.Encoder().encode
 
 
 
+_NULL = msgspec.Raw(b"null")
+
+
 class _Plain(msgspec.Struct, forbid_unknown_fields=True):
     """The keys a plain body may hold, with the types SGLang's schema takes (ints are never bools here): a body
     with any other key (text, input_embeds, lora_path, ...) or another type does not decode, and takes the slow
     path, which checks and answers it as SGLang does."""
 
     input_ids: list[int]
-    sampling_params: Union[dict[str, Any], None] = None
+    sampling_params: msgspec.Raw = _NULL  # kept as sent (any JSON value): its bytes name it (`SamplingCache`)
     return_logprob: Union[bool, None] = None
     stream: Union[bool, None] = None
     rid: Union[str, None] = None
@@ -75,32 +79,36 @@ class FastRequest:
 
 
 class SamplingCache:
-    """Sampling parameters already checked, by their encoding: a run sends a handful of distinct ones."""
+    """Sampling parameters already checked, by their bytes as sent: a run sends a handful of distinct ones."""
 
     LIMIT = 1024
 
     def __init__(self) -> None:
-        self._params: dict[tuple[bytes, int], GenerateParams | None] = {}
+        self._params: dict[tuple[bytes, int], tuple[dict[str, Any], GenerateParams] | None] = {}
 
-    def params(self, key: bytes, sampling: dict[str, Any], input_len: int,
-               profile: SglangProfile) -> GenerateParams | None:
-        """The request's GenerateParams, or None when SGLang would refuse the parameters (the slow path answers)."""
+    def params(self, key: bytes, input_len: int, profile: SglangProfile
+               ) -> tuple[dict[str, Any], GenerateParams] | None:
+        """The parameters (decoded) and the request's GenerateParams, or None when they are not an object, SGLang
+        would refuse them, or they ask for several samples (the slow path answers)."""
         entry = (key, input_len)
         try:
             return self._params[entry]
         except KeyError:
             pass
-        try:
-            check_sampling(sampling, profile)
-            params: GenerateParams | None = sampling_params(sampling, input_len)
-        except (Rejected, ValueRejected):
-            params = None
-        if (sampling.get("n") or 1) != 1:
-            params = None  # n > 1 is a batch
+        found: tuple[dict[str, Any], GenerateParams] | None = None
+        sampling = msgspec.json.decode(key)
+        if sampling is None:
+            sampling = {}
+        if isinstance(sampling, dict) and (sampling.get("n") or 1) == 1:  # n > 1 is a batch
+            try:
+                check_sampling(sampling, profile)
+                found = (sampling, sampling_params(sampling, input_len))
+            except (Rejected, ValueRejected):
+                pass
         if len(self._params) >= self.LIMIT:
             self._params.clear()
-        self._params[entry] = params
-        return params
+        self._params[entry] = found
+        return found
 
 
 def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: SamplingCache) -> FastRequest | None:
@@ -113,11 +121,11 @@ def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: Sampling
     ids = body.input_ids
     if not ids or body.stream:
         return None
-    sampling = body.sampling_params or {}
-    key = _encode(sampling)
-    params = cache.params(key, sampling, len(ids), profile)
-    if params is None:
+    key = bytes(body.sampling_params)
+    found = cache.params(key, len(ids), profile)
+    if found is None:
         return None
+    sampling, params = found
     start, top = body.logprob_start_len, body.top_logprobs_num
     shape = (bool(body.return_logprob), -1 if start is None else start, 0 if top is None else top,
              bool(body.return_text_in_logprobs), bool(body.return_prompt_token_ids))
@@ -143,15 +151,22 @@ class Reply:
 
     generation: Generation  # a prototype: each request gets its own copy, with its identity
     served: PackedAnswer  # what the served-token store keeps of it
+    finish: str | None  # the finish reason's type, as the request log keeps it
+    instant: bool  # at the server's time scale there is nothing to wait for (`playback.played_at_once`)
+    prompt_digest: bytes  # of the turn's prompt, as the served-token store digests it
     pieces: tuple[bytes, ...]  # len(order) + 1 pieces around the per-request values
     order: tuple[int, ...]  # which value goes after each piece: 0 rid, 1 weight version, 2 e2e latency, 3 sent ts
     size: int
 
     def body(self, rid: str, version: str, e2e: float) -> bytes:
+        """The saved body with this request's values (the time it is sent, as the formatter takes it, last)."""
         values = (_encode(rid), _encode(version), _encode(round(e2e, 4)), _encode(round(time.time(), 4)))
-        pieces = self.pieces
+        pieces, order = self.pieces, self.order
+        if order == _USUAL:
+            return b"".join((pieces[0], values[0], pieces[1], values[1], pieces[2], values[2], pieces[3], values[3],
+                             pieces[4]))
         out = [pieces[0]]
-        for position, slot in enumerate(self.order, 1):
+        for position, slot in enumerate(order, 1):
             out.append(values[slot])
             out.append(pieces[position])
         return b"".join(out)
@@ -165,8 +180,11 @@ class Reply:
                           g.max_new_tokens)
 
 
+_USUAL = (0, 1, 2, 3)  # id, weight_version, e2e_latency, response_sent_to_client_ts: 0.5.6 and later
+
+
 def make_reply(generation: Generation, profile: SglangProfile, tokenizer: ByteBPETokenizer,
-               parsed: NativeRequest) -> Reply | None:
+               parsed: NativeRequest, prompt: bytes, time_scale: float) -> Reply | None:
     """The slow path's own body for `generation` (unfaulted), with sentinels in place of the per-request values;
     None when the body cannot be cut at them unambiguously (it then always takes the slow path)."""
     item = parsed.items[0]
@@ -194,8 +212,13 @@ def make_reply(generation: Generation, profile: SglangProfile, tokenizer: ByteBP
         at = position + len(marker)
     pieces.append(encoded[at:])
     size = len(encoded) + 32 * len(generation.output_ids) + 256
-    served = PackedAnswer.of(generation.output_ids, list(generation.logprobs or []) if parsed.return_logprob else None)
-    return Reply(generation, served, tuple(pieces), tuple(slot for _, slot, _ in found), size)
+    served = PackedAnswer.of(generation.output_ids, list(generation.logprobs or []) if parsed.return_logprob else None,
+                             prompt)
+    finish = (generation.finish_reason or {}).get("type")
+    # what `play` waits: the time to first token, then the decode time (both scaled)
+    instant = generation.ttft * time_scale <= 0 and max(0.0, generation.total - generation.ttft) * time_scale <= 0
+    return Reply(generation, served, finish, instant, blake2b(prompt, digest_size=16).digest(), tuple(pieces),
+                 tuple(slot for _, slot, _ in found), size)
 
 
 class ReplyCache:

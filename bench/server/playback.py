@@ -67,12 +67,14 @@ def identified(ctx: ServerContext, record: RequestRecord, generation: Generation
     identified_as(ctx, record, generation.identity, prompt_ids)
 
 
-def identified_as(ctx: ServerContext, record: RequestRecord, identity: Identity, prompt: list[int] | bytes) -> None:
-    """`identified`, from the identity itself (`prompt`: the ids, or already packed as int32 bytes)."""
+def identified_as(ctx: ServerContext, record: RequestRecord, identity: Identity, prompt: list[int] | bytes,
+                  prompt_digest: bytes | None = None) -> None:
+    """`identified`, from the identity itself (`prompt`: the ids, or already packed as int32 bytes; `prompt_digest`:
+    its digest, when known)."""
     record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
     record.attempt, record.drift, record.by_order = identity.attempt, identity.drift, identity.by_order
     if record.trajectory is not None:
-        ctx.served.begin(record, prompt if isinstance(prompt, bytes) else pack(prompt))
+        ctx.served.begin(record, prompt if isinstance(prompt, bytes) else pack(prompt), prompt_digest)
 
 
 def served_logprobs(choice: Choice, count: int) -> list[float | None] | None:
@@ -141,6 +143,25 @@ def _finish(ctx: ServerContext, choice: Choice, arrived: float, count: int, abor
     record.latency_s = round(time.time() - arrived, 6)
     ctx.identifier.record_outcome(generation.identity, succeeded=finish in ("stop", "length"))
     return Played(count, aborted, queued)
+
+
+def played_at_once(ctx: ServerContext, record: RequestRecord, identity: Identity, rid: str, prompt_ids: list[int],
+                   answer: PackedAnswer, finish: str | None, arrived: float) -> bool:
+    """`play` of a whole answer with no time to wait (unpaced, or recorded as instant), done at once: the same record,
+    outcome, in-flight bookkeeping and served tokens, without a coroutine, a pacer or an in-flight entry (nothing
+    runs between its registration and its release, so none can be seen or aborted). False while generation is
+    paused: `play` waits for it to continue."""
+    state = ctx.state
+    if state.paused:
+        return False
+    state.last_generation = time.monotonic()  # as `register`
+    record.status, record.completion_tokens, record.finish = 200, len(answer.ids), finish
+    record.latency_s = round(time.time() - arrived, 6)
+    ctx.identifier.record_outcome(identity, succeeded=finish in ("stop", "length"))
+    state.inflight.pop(rid, None)  # `register` then `release`: an entry of the same rid is gone too
+    state.last_generation = time.monotonic()
+    ctx.served.finish_packed(record, prompt_ids, answer, state.weight_version)
+    return True
 
 
 async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnToken | None = None) -> Played:
