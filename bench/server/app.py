@@ -23,14 +23,17 @@ from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
 from .profiles import DEFAULT_PROFILE, get_profile
-from .router import GENERATION_ROUTES, add_router_routes
+from .router import GENERATION_ROUTES, add_router_routes, no_workers
 from .served import add_served_headers
 
 
 @web.middleware
 async def log_admin_requests(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Log requests outside the generation routes (those log themselves, with their identity)."""
+    """Log requests outside the generation routes (those log themselves, with their identity); the generation routes
+    answer the router's no-available-workers 503 while the bench took its only worker away (`router.no_workers`)."""
     if request.path in GENERATION_ROUTES:
+        if not request.app[CONTEXT_KEY].state.workers_available:
+            return await no_workers(request)
         return await handler(request)
     arrived = time.time()
     record = RequestRecord(started=arrived, endpoint=request.path)
