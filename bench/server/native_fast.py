@@ -224,7 +224,7 @@ def make_reply(generation: Generation, profile: SglangProfile, tokenizer: ByteBP
 class ReplyCache:
     """Saved replies, by (trajectory, turn, sampling parameters, request shape), up to `limit_bytes` (oldest out)."""
 
-    def __init__(self, limit_bytes: int = 64 * 2**20) -> None:
+    def __init__(self, limit_bytes: int = 32 * 2**20) -> None:
         self.limit_bytes = limit_bytes
         self.bytes = 0
         self.hits = self.saved = 0  # replies answered from the cache, replies made and saved
