@@ -98,7 +98,9 @@ class ServedTokens:
         if record.trajectory is not None:
             siblings = self._by_trajectory.setdefault(record.trajectory, [])
             by_length = self._by_prompt_len.setdefault(record.trajectory, {})
-            entry.parent, entry.link = self._parent_of(self._shorter(by_length, entry.prompt_len), prompt)
+            shorter = self._shorter(by_length, entry.prompt_len)
+            if shorter:  # else it continues nothing (a trajectory's first turn, and every retry of it)
+                entry.parent, entry.link = self._parent_of(shorter, prompt)
             if entry.parent is not None:
                 entry.root = self.entries[entry.parent].root
             siblings.append(entry.index)
