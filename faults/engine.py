@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from hashlib import blake2b
 
 from .base import Fault, FaultError
 from .exchange import Exchange
@@ -57,6 +58,7 @@ class FaultEngine:
         self.first_request: float | None = None  # the current plan's first decision: what the others count from
         self._watched: dict[str, list[tuple[FaultEvent, Fault]]] = {}  # trajectory -> events to look out for
         self.consumed: set[tuple[str, str, str, int, int]] = set()  # identities of events the client acted on
+        self._compiled: CompiledPlan | None = None  # the plan's rules, sorted per place once (`decide`)
 
     def start_clock(self) -> None:
         """`server_start` windows count from now: the runner calls this once the target is loaded, so a
@@ -80,9 +82,22 @@ class FaultEngine:
     def decide(self, target: Target, forced: tuple[Rule, ...] = ()) -> Decision:
         plan = self.plan  # one read: a concurrent swap never mixes two plans in one decision
         elapsed = self.elapsed(plan)
-        fired = [r for r in plan.rules if r.fault.server_side and not r.fault.on_weight_update
-                 and r.schedule.fires(plan.seed, r.name, target, elapsed)]  # weight-update rules act elsewhere
-        return Decision(tuple(forced) + tuple(fired), target)
+        compiled = self._compiled
+        if compiled is None or compiled.plan is not plan:
+            compiled = self._compiled = CompiledPlan(plan)
+        fired = compiled.fired(target, elapsed)
+        return Decision(tuple(forced) + fired if forced else fired, target)
+
+    def fired_at(self, trajectory: str, index: int | None, group: str | None, turn: int, attempt: int,
+                 endpoint: str) -> tuple[Rule, ...]:
+        """`decide(Target(...)).rules`, without making the target or the decision (the server's fast path asks this
+        on every request, and nearly always nothing fires)."""
+        plan = self.plan
+        elapsed = self.elapsed(plan)
+        compiled = self._compiled
+        if compiled is None or compiled.plan is not plan:
+            compiled = self._compiled = CompiledPlan(plan)
+        return compiled.fired_fields(trajectory, index, group, turn, attempt, endpoint, elapsed)
 
     def apply(self, decision: Decision, exchange: Exchange, request_id: str) -> None:
         """Apply each fired rule to the exchange and log what it changed.
@@ -147,4 +162,84 @@ class FaultEngine:
         return self.log.never_fired(r.name for r in self.plan.rules if r.fault.server_side)
 
 
-__all__ = ["Decision", "FAULT_HEADER", "FaultEngine", "PlanError", "forced_rules"]
+class CompiledPlan:
+    """A plan's request rules, ready for deciding on every request at little cost, with exactly the decisions of
+    `Schedule.fires` (in plan order): the conditions that depend only on where a request is (trajectory, group, turn,
+    endpoint, trajectory index) are checked once per place, and a probability is compared as an integer against
+    the hash (`uniform` without its division), from byte strings built once per rule."""
+
+    _PLACES = 100_000  # places remembered (unknown requests each make one: bounded)
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.rules = tuple(r for r in plan.rules if r.fault.server_side and not r.fault.on_weight_update)
+        # per rule: the start of its `uniform` hash key, and its probability as a threshold on the hash
+        self._keys = tuple(f"{plan.seed}\x00{r.name}\x00".encode() if r.schedule.p is not None else None
+                           for r in self.rules)
+        self._thresholds = tuple(_threshold(r.schedule._threshold) if r.schedule.p is not None else 0
+                                 for r in self.rules)
+        self._places: dict[tuple[object, ...], tuple[tuple[Rule, bytes | None, int, bool], ...]] = {}
+
+    def fired(self, target: Target, elapsed: float) -> tuple[Rule, ...]:
+        return self.fired_fields(target.trajectory, target.index, target.group, target.turn, target.attempt,
+                                 target.endpoint, elapsed, target)
+
+    def fired_fields(self, trajectory: str, index: int | None, group: str | None, turn: int, attempt: int,
+                     endpoint: str, elapsed: float, target: Target | None = None) -> tuple[Rule, ...]:
+        """The rules that fire for the target of these fields (made only if a rule's schedule needs it whole)."""
+        if not self.rules:
+            return ()
+        place = (trajectory, index, group, turn, endpoint)
+        candidates = self._places.get(place)
+        if candidates is None:
+            candidates = self._candidates(trajectory, index, group, turn, endpoint)
+            if len(self._places) >= self._PLACES:
+                self._places.clear()
+            self._places[place] = candidates
+        if not candidates:
+            return ()
+        suffix = f"{trajectory}\x00{turn}\x00{attempt}".encode()
+        fired = []
+        for rule, key, threshold, simple in candidates:
+            if not simple:
+                if target is None:
+                    target = Target(trajectory, index, group, turn, attempt, endpoint)
+                if rule.schedule.fires(self.plan.seed, rule.name, target, elapsed):
+                    fired.append(rule)
+            elif key is None or _from_bytes(blake2b(key + suffix, digest_size=8).digest(), "big") < threshold:
+                fired.append(rule)
+        return tuple(fired)
+
+    def _candidates(self, trajectory: str, index: int | None, group: str | None, turn: int, endpoint: str
+                    ) -> tuple[tuple[Rule, bytes | None, int, bool], ...]:
+        """The rules whose place conditions hold for the target, each with its hash key (None: no probability),
+        its integer threshold, and whether that is all left to check (no attempt or time condition)."""
+        out = []
+        for rule, key, threshold in zip(self.rules, self._keys, self._thresholds):
+            s = rule.schedule
+            if (s.endpoints is not None and endpoint not in s.endpoints
+                    or s.trajectories is not None and trajectory not in s.trajectories
+                    or s.groups is not None and group not in s.groups
+                    or s.turns is not None and turn not in s.turns
+                    or s.every is not None and (index is None or (index + 1) % s.every)):
+                continue
+            out.append((rule, key, threshold, s.attempts is None and s.first is None and s.window is None))
+        return tuple(out)
+
+
+def _threshold(p: float) -> int:
+    """The least 64-bit hash value h with h / 2**64 >= p: `uniform(...) < p` exactly when h < this."""
+    low, high = 0, 2**64
+    while low < high:
+        middle = (low + high) // 2
+        if middle / 2**64 < p:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+_from_bytes = int.from_bytes
+
+
+__all__ = ["CompiledPlan", "Decision", "FAULT_HEADER", "FaultEngine", "PlanError", "forced_rules"]

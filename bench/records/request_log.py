@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-@dataclass
+@dataclass(slots=True)  # one per request: no per-record __dict__ (a run logs hundreds of thousands)
 class RequestRecord:
     started: float  # unix time the request arrived
     endpoint: str

@@ -34,10 +34,7 @@ def _digest(data: bytes) -> bytes:
 
 def token_digest(ids: "array[int] | list[int]") -> str:
     """A short, stable name for a token sequence (the `served_digest` column)."""
-    return _short_digest(ids.tobytes() if isinstance(ids, array) else array("i", ids).tobytes())
-
-
-def _short_digest(packed: bytes) -> str:
+    packed = ids.tobytes() if isinstance(ids, array) else array("i", ids).tobytes()
     return hashlib.blake2b(packed, digest_size=8).hexdigest()
 
 
@@ -75,6 +72,9 @@ class ServedTokens:
         self.ids = array("i")
         self.logprobs = array("d")  # NaN where the answer showed no usable logprob
         self._by_trajectory: dict[str, list[int]] = {}
+        # per trajectory, its entries by prompt length: only a shorter prompt can be continued (`_shorter`), and
+        # the retries of one turn (a benchmark repeats a turn thousands of times) are then never walked again
+        self._by_prompt_len: dict[str, dict[int, list[int]]] = {}
         self._by_record: dict[int, int] = {}  # id(record) -> entry index
         # entry index -> (ids, logprobs) of its answer's logprob entries, where they disagreed with its token ids
         self.entry_streams: dict[int, tuple[list[int], list[float]]] = {}
@@ -85,19 +85,26 @@ class ServedTokens:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def begin(self, record: RequestRecord, prompt: bytes) -> ServedEntry:
-        """Register an identified request (prompt as packed int32) and find the request it continues."""
-        prefixes = _Prefixes(prompt)
-        entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32)
+    def begin(self, record: RequestRecord, prompt: bytes, prompt_digest: bytes | None = None) -> ServedEntry:
+        """Register an identified request (prompt as packed int32) and find the request it continues;
+        `prompt_digest`: the prompt's digest, when known (its answer then knows the whole context's: `PackedAnswer`)."""
+        if prompt_digest is None:
+            hashed = hashlib.blake2b(prompt, digest_size=16)  # kept: `finish` adds the output, not the prompt again
+            entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=hashed.digest(),
+                                prompt_hash=hashed)
+        else:
+            entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=prompt_digest)
         entry.root = entry.index
         if record.trajectory is not None:
             siblings = self._by_trajectory.setdefault(record.trajectory, [])
-            entry.parent, entry.link = self._parent_of(siblings, prompt, prefixes)
+            by_length = self._by_prompt_len.setdefault(record.trajectory, {})
+            shorter = self._shorter(by_length, entry.prompt_len)
+            if shorter:  # else it continues nothing (a trajectory's first turn, and every retry of it)
+                entry.parent, entry.link = self._parent_of(shorter, prompt)
             if entry.parent is not None:
                 entry.root = self.entries[entry.parent].root
             siblings.append(entry.index)
-        hashed = prefixes.whole()  # kept: `finish` adds the output, not the prompt again
-        entry.context_digest, entry.prompt_hash = hashed.digest(), hashed
+            by_length.setdefault(entry.prompt_len, []).append(entry.index)
         self.entries.append(entry)
         root = self.entries[entry.root] if entry.root != entry.index else entry
         if root.record.by_order and root.record.group is not None:
@@ -111,30 +118,30 @@ class ServedTokens:
                entries: tuple[list[int], list[float | None]] | None = None) -> None:
         """The tokens a played request served (a prefix when it was aborted), with the logprobs its answer showed;
         `entries`: the ids and logprobs of its logprob entries, when a fault made them disagree with its ids."""
+        self.finish_packed(record, prompt, PackedAnswer.of(ids, logprobs), weight_version, entries)
+
+    def finish_packed(self, record: RequestRecord, prompt: list[int], answer: "PackedAnswer",
+                      weight_version: str | None,
+                      entries: tuple[list[int], list[float | None]] | None = None) -> None:
+        """`finish`, with the served tokens already converted (the server's fast path serves one answer many times)."""
         index = self._by_record.get(id(record))
         if index is None:
             return  # not identified through `begin` (a bench-internal request)
         entry = self.entries[index]
-        entry.offset, entry.count, entry.played = len(self.ids), len(ids), True
-        # packed once, then appended as bytes and hashed: `array.extend` from a list takes a Python step per item
-        # (5 us for a 100-token answer, against 1.5 us to pack it)
-        packed_ids = array("i", ids).tobytes()
-        self.ids.frombytes(packed_ids)
-        entry.logprobs_shown = logprobs is not None
-        shown = logprobs or []
-        head = shown if len(shown) == len(ids) else shown[: len(ids)]
-        if len(head) == len(ids) and set(map(type, head)) <= _NUMBERS:  # the usual answer: converted in C
-            self.logprobs.frombytes(array("d", head).tobytes())
-        else:  # None (no usable logprob) or too few shown: NaN there
-            self.logprobs.extend(_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids)))
+        entry.offset, entry.count, entry.played = len(self.ids), len(answer.ids), True
+        self.ids.extend(answer.ids)
+        entry.logprobs_shown = answer.shown
+        self.logprobs.extend(answer.logprobs)
         if entry.prompt_hash is not None and len(prompt) == entry.prompt_len:
-            entry.prompt_hash.update(packed_ids)  # the same digest as of prompt + output, without the prompt again
+            entry.prompt_hash.update(answer.packed)  # the same digest as of prompt + output, without the prompt again
             entry.context_digest, entry.prompt_hash = entry.prompt_hash.digest(), None
+        elif answer.context is not None and len(prompt) == entry.prompt_len:
+            entry.context_digest = answer.context  # the answer to this very prompt, digested once
         else:
-            entry.context_digest = _digest(array("i", prompt).tobytes() + packed_ids)
+            entry.context_digest = _digest(array("i", prompt).tobytes() + answer.packed)
         if entries is not None:  # rare (a fault): kept beside the arrays, not in them
             self.entry_streams[index] = (list(entries[0]), [_as_float(v) for v in entries[1]])
-        record.served_tokens, record.served_digest = len(ids), _short_digest(packed_ids)  # = token_digest(ids)
+        record.served_tokens, record.served_digest = len(answer.ids), answer.digest
         record.weight_version = weight_version
         record.logprobs_served = entry.logprobs_shown
         if entry.parent is not None:
@@ -184,20 +191,31 @@ class ServedTokens:
                                 else np.zeros(0, np.float64))
         return path
 
-    def _parent_of(self, siblings: list[int], prompt: bytes, prefixes: "_Prefixes") -> tuple[int | None, str]:
-        """The latest earlier played request whose whole context starts `prompt`.
+    @staticmethod
+    def _shorter(by_length: dict[int, list[int]], size: int) -> list[int]:
+        """A trajectory's entries whose prompt is shorter than `size` tokens, in arrival order: the only ones
+        `_parent_of` can pick (a context continued is the prompt plus served tokens, so its prompt is shorter)."""
+        shorter = [index for length, indices in by_length.items() if length < size for index in indices]
+        shorter.sort()
+        return shorter
+
+    def _parent_of(self, siblings: list[int], prompt: bytes) -> tuple[int | None, str]:
+        """The latest earlier played request whose whole context starts `prompt` (`siblings`: the trajectory's
+        earlier entries whose prompt is shorter, in arrival order).
 
         A context as long as the prompt continues it only if it served tokens (a partial rollout resumed after an
         abort); one that served none is an earlier attempt at the same turn and is passed over."""
         size = len(prompt) // _INT32
-        # latest first, lazily: the latest context is usually the one continued, so a request looks at a few of its
-        # trajectory's earlier requests, not all of them (a 50-turn trajectory's bookkeeping was quadratic in turns)
-        candidates = (i for i in reversed(siblings) if self._continuable(self.entries[i], size))
-        latest = next((i for i in reversed(siblings) if self.entries[i].played and self.entries[i].prompt_len < size),
-                      None)  # the loop's previous step, when it is one
+        candidates = [i for i in reversed(siblings) if self._continuable(self.entries[i], size)]
+        shorter = [i for i in siblings if self.entries[i].played and self.entries[i].prompt_len < size]
+        latest = shorter[-1] if shorter else None  # the loop's previous step, when it is one
+        hashed: dict[int, bytes] = {}
         for i in candidates:
             entry = self.entries[i]
-            if prefixes.digest(entry.context_len * _INT32) == entry.context_digest:
+            length = entry.context_len
+            if length not in hashed:
+                hashed[length] = _digest(prompt[: length * _INT32])
+            if hashed[length] == entry.context_digest:
                 if latest is not None and latest > i and i in self._ancestors(latest):
                     return latest, EARLIER  # the client went on from a later step whose output it altered
                 return i, PREFIX
@@ -221,34 +239,31 @@ class ServedTokens:
 _NUMBERS = frozenset({float, int})
 
 
-class _Prefixes:
-    """Digests of a prompt's prefixes and of the whole, hashing each byte once where it can: the prefix a request
-    continues (the latest context of its trajectory, usually) is where the whole prompt's hash passes anyway."""
+@dataclass(frozen=True, slots=True)
+class PackedAnswer:
+    """The tokens one answer served, as the store keeps them: ids (int32), the logprobs the answer showed (float64,
+    NaN where it showed none), the packed ids and their digest."""
 
-    def __init__(self, prompt: bytes) -> None:
-        self._prompt = memoryview(prompt)
-        self._running = hashlib.blake2b(digest_size=16)
-        self._at = 0
-        self._seen: dict[int, bytes] = {}
+    ids: "array[int]"
+    logprobs: "array[float]"
+    shown: bool  # the answer carried logprobs at all
+    packed: bytes
+    digest: str  # `token_digest(ids)`
+    context: bytes | None = None  # the context digest of prompt + these tokens, for the one prompt it answers
 
-    def digest(self, size: int) -> bytes:
-        """`_digest(prompt[:size])` (size in bytes)."""
-        found = self._seen.get(size)
-        if found is None:
-            if size >= self._at:  # on the running hash's way
-                self._running.update(self._prompt[self._at: size])
-                self._at = size
-                found = self._running.digest()
-            else:
-                found = _digest(self._prompt[:size])  # type: ignore[arg-type]
-            self._seen[size] = found
-        return found
-
-    def whole(self) -> "hashlib._Hash":
-        """The running hash over the whole prompt (`finish` goes on with the output)."""
-        self._running.update(self._prompt[self._at:])
-        self._at = len(self._prompt)
-        return self._running
+    @classmethod
+    def of(cls, ids: list[int], logprobs: list[float | None] | None, prompt: bytes | None = None) -> "PackedAnswer":
+        """`prompt` (packed int32): the one prompt this answer is served to, whose context digest it then holds."""
+        packed_ids = array("i", ids)
+        shown = logprobs or []
+        head = shown if len(shown) == len(ids) else shown[: len(ids)]
+        if len(head) == len(ids) and set(map(type, head)) <= _NUMBERS:  # the usual answer: converted in C
+            values = array("d", head)
+        else:  # None (no usable logprob) or too few shown: NaN there
+            values = array("d", (_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids))))
+        raw = packed_ids.tobytes()
+        return cls(packed_ids, values, logprobs is not None, raw, hashlib.blake2b(raw, digest_size=8).hexdigest(),
+                   None if prompt is None else _digest(prompt + raw))
 
 
 def _as_float(value: float | None) -> float:

@@ -135,11 +135,12 @@ def _apply_stops(generation: Generation, params: GenerateParams, tokenizer: Byte
     stop_ids = set(params.stop_token_ids)
     if not params.ignore_eos:
         stop_ids.add(tokenizer.eos_token_id)
-    for position, token in enumerate(ids[:-1]):
-        if token in stop_ids:
-            _cut(generation, position + 1, tokenizer)
-            generation.finish_reason = {"type": "stop", "matched": token}
-            return
+    if not stop_ids.isdisjoint(ids[:-1]):  # looked for in C first: the usual answer has no early stop token
+        for position, token in enumerate(ids[:-1]):
+            if token in stop_ids:
+                _cut(generation, position + 1, tokenizer)
+                generation.finish_reason = {"type": "stop", "matched": token}
+                return
     if params.stop:
         _apply_stop_strings(generation, params, tokenizer)
 

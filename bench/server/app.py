@@ -17,7 +17,7 @@ from bench.trace import TokenizerInfo
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan, resolve_plan
 
-from . import native
+from . import gc_tuning, native
 from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
@@ -37,6 +37,7 @@ def create_app(ctx: ServerContext, control_token: str | None = None, limits: Lim
     if control_token is not None:
         app[CONTROL_TOKEN_KEY] = control_token
     app.on_response_prepare.append(add_served_headers)
+    gc_tuning.tune_while_serving(app)
     app.router.add_route("POST", "/generate", native.generate)
     app.router.add_route("PUT", "/generate", native.generate)
     if ctx.upstream is None:

@@ -12,11 +12,12 @@ from aiohttp import web
 from bench.records.request_log import RequestLog
 from bench.records.served_tokens import ServedTokens
 from bench.replay import GenerateParams, Generation, Identifier, Identity, TraceStore, build_generation, pack
-from bench.replay.store import RecordedTrajectory
+from bench.replay.store import RecordedTrajectory, RecordedTurn
 from bench.tokenizer import ByteBPETokenizer, tokenizer_path
 from faults import Exchange, FaultEngine, FaultEvent, Plan, Rule, Target
 from faults.engine import Decision
 
+from .native_fast import ReplyCache
 from .profiles import SglangProfile
 from .state import ServerState
 
@@ -59,6 +60,8 @@ class ServerContext:
         self.log = RequestLog()
         self.served = ServedTokens()  # what each identified request was served, token by token
         self.faults = FaultEngine(plan)
+        self.replies = ReplyCache()  # the fast path's saved replies (`native_fast`)
+        self.fast_path = True  # False: every request takes the slow path (tests compare the two)
         self.url = ""
 
     def target(self, identity: Identity, endpoint: str) -> Target:
@@ -68,6 +71,14 @@ class ServerContext:
         return Target(trajectory=identity.trajectory or f"request:{identity.digest}",
                       index=index, group=identity.group,
                       turn=identity.turn or 0, attempt=identity.attempt, endpoint=endpoint)
+
+    def decide(self, identity: Identity, endpoint: str) -> Decision | None:
+        """`faults.decide(target(identity, endpoint))`, or None when no rule fires (no target or decision made)."""
+        trajectory = self._recorded_trajectory(identity)
+        index = trajectory.index if trajectory else self.upstream.index_of(identity) if self.upstream else None
+        rules = self.faults.fired_at(identity.trajectory or f"request:{identity.digest}", index, identity.group,
+                                     identity.turn or 0, identity.attempt, endpoint)
+        return Decision(rules, self.target(identity, endpoint)) if rules else None
 
     def exchange(self, generation: Generation, *, api: str, endpoint: str, stream: bool, rid: str,
                  forced: tuple[Rule, ...] = (), decision: Decision | None = None) -> Exchange:
@@ -136,7 +147,7 @@ class ServerContext:
             return self.upstream.generation(planned.identity, answer, params, self.tokenizer.eos_token_id)
         identity = self.identifier.identify(packed, hint)
         self.faults.observe(identity.trajectory, packed, self.tokenizer)  # did it act on an earlier faulted answer?
-        return build_generation(identity, self._recorded(identity), params, self.tokenizer, seed_bytes=packed)
+        return build_generation(identity, self.recorded(identity), params, self.tokenizer, seed_bytes=packed)
 
     def _follow_version(self, reported: object) -> None:
         """Upstream mode: the server's weight version is the newest the engine reported (answers in flight
@@ -148,7 +159,8 @@ class ServerContext:
             return
         self.state.weight_version = new
 
-    def _recorded(self, identity: Identity):  # type: ignore[no-untyped-def]
+    def recorded(self, identity: Identity) -> RecordedTurn | None:
+        """The recorded turn an identified request replays (None: drifted past the recording, or unknown)."""
         if identity.trajectory is None or identity.turn is None or identity.drift == "extra_turn" or self.store is None:
             return None
         turns = self.store.by_id[identity.trajectory].turns

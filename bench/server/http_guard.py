@@ -26,7 +26,7 @@ from bench.records.request_log import RequestRecord
 from . import wire
 from .context import CONTEXT_KEY, ServerContext
 from .limits import ConnectionGuard, Limits
-from .router import GENERATION_ROUTES
+from .router import GENERATION_ROUTES, no_workers
 
 LIMITS_KEY = web.AppKey("limits", Limits)
 ROUTED_KEY = web.RequestKey("rollout_bench_routed", bool)  # set on every request the app routes
@@ -63,6 +63,11 @@ async def read_and_log(request: web.Request, handler: Any) -> web.StreamResponse
                                                               error=error, latency_s=round(time.time() - arrived, 6)))
             return response
     if request.path in GENERATION_ROUTES and request.match_info.http_exception is None:
+        if not request.app[CONTEXT_KEY].state.workers_available:  # the bench took the router's only worker away
+            request.app[CONTEXT_KEY].log.append(RequestRecord(
+                started=arrived, endpoint=request.path, status=503, latency_s=round(time.time() - arrived, 6),
+                error="the router has no available workers (taken away by POST /bench/workers)"))
+            return await no_workers(request)
         return await handler(request)
     record = RequestRecord(started=arrived, endpoint=request.path)
     request.app[CONTEXT_KEY].log.append(record)

@@ -10,14 +10,40 @@ from aiohttp import web
 
 from bench.records.attribution import TRAJECTORY_HEADER
 from bench.records.request_log import RequestRecord
-from bench.replay import Generation, context_error
+from bench.replay import Generation, Identity, build_generation, context_error, pack
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
+from faults.engine import Decision
 
 from . import transport, wire
 from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
+from .native_fast import FastRequest, Reply, accept, make_reply, native_request
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
-from .playback import Choice, identified, new_record, play, reject, upstream_failed
+from .playback import Choice, identified, identified_as, new_record, play, played_at_once, reject, upstream_failed
+from .served import SERVED_KEY
+
+
+# The slow path answers a plain request 4 event-loop iterations after its handler first runs (the item's task is
+# created; it yields once in `_run_whole`; its result reaches `gather`; `gather` wakes the handler). The fast path
+# waits as many, so concurrent requests complete in the same order as they did: a rollout that gathers its
+# requests sees an error answer before or after the others as it did (tests/test_provenance.py relies on it).
+_SLOW_PATH_HOPS = 4
+
+
+def _iterations_later(count: int) -> asyncio.Future[None]:
+    """A future the awaiting task wakes from `count` loop iterations later: a chain of plain callbacks, cheaper than
+    `count` task steps of `asyncio.sleep(0)` (the last iteration is the task's own wake-up)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+
+    def hop(left: int) -> None:
+        if left:
+            loop.call_soon(hop, left - 1)
+        elif not future.done():  # cancelled meanwhile: the client went away
+            future.set_result(None)
+
+    loop.call_soon(hop, count - 2)
+    return future
 
 
 class _Rejection(ValueRejected):
@@ -32,8 +58,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
     arrived = time.time()
     try:
-        forced = forced_rules(request.headers.get(FAULT_HEADER, ""))
-        body = decode_body(await request.read())
+        header = request.headers.get(FAULT_HEADER)
+        forced = forced_rules(header) if header else ()
+        raw = await request.read()
+        if ctx.fast_path and ctx.upstream is None and not forced:
+            fast = accept(raw, request.headers.get(TRAJECTORY_HEADER), ctx.config.profile, ctx.replies.sampling)
+            if fast is not None:
+                return await _generate_fast(request, ctx, fast, arrived)
+        body = decode_body(raw)
     except (FaultError, PlanError) as error:
         _log_rejection(ctx, request, arrived, 400, str(error))
         return wire.json_response({"error": {"message": str(error), "type": "bench_fault_header"}}, 400)
@@ -70,6 +102,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
             answers = [None if p.preempted else a for p, a in zip(planned, live)]
     prepared = [_prepare(ctx, request, parsed, item, arrived, forced, answer, plan)
                 for item, answer, plan in zip(parsed.items, answers, planned)]
+    return await _answer(request, ctx, parsed, prepared, arrived)
+
+
+async def _answer(request: web.Request, ctx: ServerContext, parsed: NativeRequest, prepared: list[Any],
+                  arrived: float) -> web.StreamResponse:
+    """The slow path's answer to prepared items: faults, waits, then a body or a stream."""
     exchanges = [p for p in prepared if isinstance(p, tuple)]
     for _, record, exchange in exchanges:
         if exchange.replacement is not None:
@@ -91,6 +129,65 @@ async def generate(request: web.Request) -> web.StreamResponse:
     results = await asyncio.gather(*(_run_whole(ctx, parsed, item, record, exchange, arrived)
                                      for item, record, exchange in exchanges))
     return await transport.send_body(request, transport.encode(results if parsed.batch else results[0], first), first)
+
+
+async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastRequest, arrived: float
+                         ) -> web.StreamResponse:
+    """One plain request (`native_fast`): logged, identified, decided, in flight and paced as on the slow path, its
+    answer spliced into a saved reply. A fault firing, a request that is not a recorded turn, or a turn that is
+    refused (context length, a recorded error) continues on the slow path from where this one is."""
+    record = new_record(ctx, request.path, arrived, rid=fast.rid, stream=False, prompt_tokens=len(fast.ids))
+    request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
+    if fast.rid in ctx.state.inflight:
+        message = f"Duplicate request ID detected: {fast.rid}"
+        reject(ctx, record, 400, message, arrived)
+        return wire.value_error(message)
+    packed = pack(fast.ids)
+    identity = ctx.identifier.identify(packed, fast.hint)
+    ctx.faults.observe(identity.trajectory, packed, ctx.tokenizer)  # did it act on an earlier faulted answer?
+    decision = ctx.decide(identity, request.path)
+    reply = None
+    if (identity.drift is None and not identity.resume and identity.turn is not None
+            and (decision is None or not any("native" in rule.fault.apis for rule in decision.rules))):
+        key = (identity.trajectory, identity.turn, fast.key, fast.shape)
+        reply = ctx.replies.get(key)
+        if reply is False:
+            reply = _new_reply(ctx, identity, fast, packed)
+            ctx.replies.put(key, reply)
+    identified_as(ctx, record, identity, packed, reply.prompt_digest if reply else None)
+    if reply is None:  # the slow path, from here on
+        parsed = native_request(fast)
+        generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=packed)
+        exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=False, rid=fast.rid,
+                                decision=decision or Decision((), ctx.target(identity, request.path)))
+        prepared = _checked(ctx, parsed, parsed.items[0], record, exchange, arrived)
+        return await _answer(request, ctx, parsed, [prepared], arrived)
+    await _iterations_later(_SLOW_PATH_HOPS)  # answered as many loop iterations after arriving as on the slow path
+    if not (reply.instant and played_at_once(ctx, record, identity, fast.rid, fast.ids, reply.served, reply.finish,
+                                             arrived)):
+        generation = reply.generation_for(identity)
+        choice = Choice(0, fast.ids, generation, fast.rid, record, None, fast.shape[0], reply.served)
+        played = await play(ctx, choice, arrived)
+        if played.queued or played.aborted:
+            e2e = time.time() - arrived
+            formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, native_request(fast), ctx.state.weight_version)
+            item = (formatter.queued_abort(fast.rid, e2e) if played.queued else
+                    formatter.item(generation, fast.rid, fast.ids, upto=played.count, finish=ABORTED, e2e=e2e))
+            return web.Response(body=transport.encode(item, None), content_type=wire.JSON)
+    return web.Response(body=reply.body(fast.rid, ctx.state.weight_version, time.time() - arrived),
+                        content_type=wire.JSON)
+
+
+def _new_reply(ctx: ServerContext, identity: Identity, fast: FastRequest, packed: bytes) -> Reply | None:
+    """The saved reply for a plain request's turn and shape, or None when the slow path must answer it (the turn is
+    refused: the context-length check, a recorded error)."""
+    generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=packed)
+    max_new = 128 if fast.params.max_new_tokens is None else fast.params.max_new_tokens
+    if generation.is_error or context_error(len(fast.ids), max_new, ctx.config.context_length,
+                                            legacy=ctx.config.profile.legacy_context_check) is not None:
+        return None
+    return make_reply(generation, ctx.config.profile, ctx.tokenizer, native_request(fast), packed,
+                      ctx.config.time_scale)
 
 
 def _log_rejection(ctx: ServerContext, request: web.Request, arrived: float, status: int, error: str) -> None:
@@ -135,6 +232,13 @@ def _prepare(ctx: ServerContext, request: web.Request, parsed: NativeRequest, it
     identified(ctx, record, generation, item.ids)
     exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=parsed.stream, rid=item.rid,
                             forced=forced, decision=planned.decision if planned else None)
+    return _checked(ctx, parsed, item, record, exchange, arrived)
+
+
+def _checked(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, record: RequestRecord, exchange: Exchange,
+             arrived: float) -> tuple[NativeItem, RequestRecord, Exchange] | ValueRejected:
+    """After the fault plan had its say: a replacing fault, then SGLang's context-length check and a recorded error."""
+    generation = exchange.generation
     if exchange.replacement is not None:
         reject(ctx, record, exchange.replacement.status, "fault replacement", arrived, generation)
         return item, record, exchange

@@ -136,7 +136,7 @@ def _check_shapes(body: dict[str, Any]) -> None:
     _expect(body.get("rid"), (str, list), ("rid",), "str")
 
 
-def _check_sampling(sampling: dict[str, Any], profile: SglangProfile) -> None:
+def check_sampling(sampling: dict[str, Any], profile: SglangProfile) -> None:
     """SGLang's SamplingParams: unknown keys, types, then value ranges."""
     for key, value in sampling.items():
         if key not in SAMPLING_KEYS:
@@ -181,7 +181,7 @@ def _serde_kind(value: Any) -> str:
     return "null" if value is None else f"value {value!r}"
 
 
-def _params(sampling: dict[str, Any], input_len: int) -> GenerateParams:
+def sampling_params(sampling: dict[str, Any], input_len: int) -> GenerateParams:
     stop = sampling.get("stop") or ()
     return GenerateParams(
         input_len=input_len,
@@ -216,12 +216,12 @@ def parse_generate(body: dict[str, Any], profile: SglangProfile, tokenizer: Byte
     items: list[NativeItem] = []
     for position, ids in enumerate(prompts):
         sampling = dict(_first(raw_sampling, position, {}) or {})
-        _check_sampling(sampling, profile)
+        check_sampling(sampling, profile)
         rid = _first(body.get("rid"), position, None)
         n = sampling.get("n") or 1
         for copy in range(n):
             own_rid = rid if (rid is not None and n == 1) else wire.fresh_id()
-            items.append(NativeItem(len(items), list(ids), own_rid, sampling, _params(sampling, len(ids)),
+            items.append(NativeItem(len(items), list(ids), own_rid, sampling, sampling_params(sampling, len(ids)),
                                     hint or (rid if n == 1 else None)))
         batch = batch or n > 1
     return NativeRequest(

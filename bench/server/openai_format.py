@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from bench.tokenizer import ByteBPETokenizer
@@ -21,6 +23,15 @@ from .openai_answer import Cursor, Settled, clamp, token_text, usage
 from .openai_request import OpenAIRequest
 
 Entries = list[tuple[float | None, int]]  # (logprob, token id)
+
+
+@lru_cache(maxsize=1 << 16)
+def _token_piece(tokenizer: ByteBPETokenizer, token_id: int) -> tuple[str, tuple[int, ...]]:
+    """A token's own text and its UTF-8 bytes, as chat logprob entries show them (a tuple: the same JSON array),
+    decoded once: every answer repeats the same few thousand tokens, and decoding them per entry was most of a
+    chat answer's CPU."""
+    piece = token_text(tokenizer, token_id)
+    return piece, tuple(piece.encode())
 
 
 class OpenAIFormatter:
@@ -38,16 +49,21 @@ class OpenAIFormatter:
 
     # -- pieces ------------------------------------------------------------------------
     def _chat_entry(self, token_id: int, logprob: float | None) -> dict[str, Any]:
-        piece = token_text(self.tokenizer, token_id)
+        piece, piece_bytes = _token_piece(self.tokenizer, token_id)
         if not self.vllm:
-            top = [{"token": piece, "bytes": list(piece.encode()), "logprob": logprob}]
-            return {"token": piece, "bytes": list(piece.encode()), "logprob": logprob,
+            top = [{"token": piece, "bytes": piece_bytes, "logprob": logprob}]
+            return {"token": piece, "bytes": piece_bytes, "logprob": logprob,
                     "top_logprobs": top if self.request.top_logprobs else []}
-        token = f"token_id:{token_id}" if self.request.tokens_as_ids else piece
+        if self.request.tokens_as_ids:
+            token = f"token_id:{token_id}"
+            token_bytes: Sequence[int] = list(token.encode())
+        else:
+            token, token_bytes = piece, piece_bytes
         if logprob is None:  # vLLM: no sampled logprob -> the pydantic defaults
-            return {"token": token, "logprob": clamp(None), "bytes": list(token.encode()), "top_logprobs": []}
-        top = [{"token": token, "logprob": clamp(logprob), "bytes": list(token.encode())}]
-        return {"token": token, "logprob": clamp(logprob), "bytes": list(piece.encode()),
+            return {"token": token, "logprob": clamp(None), "bytes": token_bytes, "top_logprobs": []}
+        value = clamp(logprob)
+        top = [{"token": token, "logprob": value, "bytes": token_bytes}]
+        return {"token": token, "logprob": value, "bytes": piece_bytes,
                 "top_logprobs": top if self.request.top_logprobs else []}
 
     def _shows_logprobs(self, settled: Settled) -> bool:

@@ -17,6 +17,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from bench.records.request_log import RequestRecord
+from bench.records.served_tokens import PackedAnswer
 from bench.replay import Generation, Identity, pack
 from faults import Exchange
 
@@ -36,6 +37,7 @@ class Choice:
     record: RequestRecord
     exchange: Exchange | None = None  # what faults changed in the answer (its logprobs, its reported version)
     logprobs_requested: bool = False
+    packed: PackedAnswer | None = None  # the whole answer's served tokens, converted once (the fast path's)
 
 
 @dataclass(frozen=True)
@@ -52,18 +54,27 @@ def new_record(ctx: ServerContext, endpoint: str, arrived: float, *, rid: str | 
     record = RequestRecord(started=arrived, endpoint=endpoint, rid=rid, stream=stream, prompt_tokens=prompt_tokens)
     ctx.log.append(record)
     if request is not None:
-        request.setdefault(SERVED_KEY, []).append(record)
+        try:  # not `setdefault`: a request's mapping methods are the slow generic ones
+            request[SERVED_KEY].append(record)
+        except KeyError:
+            request[SERVED_KEY] = [record]
     return record
 
 
 def identified(ctx: ServerContext, record: RequestRecord, generation: Generation, prompt_ids: list[int]) -> None:
     """Log the trajectory, turn and attempt the request was taken to be; when it is a trajectory's turn, keep
     what it will be served (`served_tokens`)."""
-    identity = generation.identity
+    identified_as(ctx, record, generation.identity, prompt_ids)
+
+
+def identified_as(ctx: ServerContext, record: RequestRecord, identity: Identity, prompt: list[int] | bytes,
+                  prompt_digest: bytes | None = None) -> None:
+    """`identified`, from the identity itself (`prompt`: the ids, or already packed as int32 bytes; `prompt_digest`:
+    its digest, when known)."""
     record.trajectory, record.group, record.turn = identity.trajectory, identity.group, identity.turn
     record.attempt, record.drift, record.by_order = identity.attempt, identity.drift, identity.by_order
     if record.trajectory is not None:
-        ctx.served.begin(record, pack(prompt_ids))
+        ctx.served.begin(record, prompt if isinstance(prompt, bytes) else pack(prompt), prompt_digest)
 
 
 def served_logprobs(choice: Choice, count: int) -> list[float | None] | None:
@@ -94,6 +105,9 @@ def entry_stream(choice: Choice, count: int, shown: list[float | None] | None
 
 
 def _keep_served(ctx: ServerContext, choice: Choice, count: int) -> None:
+    if choice.packed is not None and count == len(choice.packed.ids):
+        ctx.served.finish_packed(choice.record, choice.prompt_ids, choice.packed, ctx.state.weight_version)
+        return
     exchange = choice.exchange
     version: str | None = ctx.state.weight_version
     if exchange is not None:
@@ -131,6 +145,25 @@ def _finish(ctx: ServerContext, choice: Choice, arrived: float, count: int, abor
     return Played(count, aborted, queued)
 
 
+def played_at_once(ctx: ServerContext, record: RequestRecord, identity: Identity, rid: str, prompt_ids: list[int],
+                   answer: PackedAnswer, finish: str | None, arrived: float) -> bool:
+    """`play` of a whole answer with no time to wait (unpaced, or recorded as instant), done at once: the same record,
+    outcome, in-flight bookkeeping and served tokens, without a coroutine, a pacer or an in-flight entry (nothing
+    runs between its registration and its release, so none can be seen or aborted). False while generation is
+    paused: `play` waits for it to continue."""
+    state = ctx.state
+    if state.paused:
+        return False
+    state.last_generation = time.monotonic()  # as `register`
+    record.status, record.completion_tokens, record.finish = 200, len(answer.ids), finish
+    record.latency_s = round(time.time() - arrived, 6)
+    ctx.identifier.record_outcome(identity, succeeded=finish in ("stop", "length"))
+    state.inflight.pop(rid, None)  # `register` then `release`: an entry of the same rid is gone too
+    state.last_generation = time.monotonic()
+    ctx.served.finish_packed(record, prompt_ids, answer, state.weight_version)
+    return True
+
+
 async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnToken | None = None) -> Played:
     """Wait out the choice's timing; with `on_token`, announce each token as it is produced."""
     generation = choice.generation
@@ -141,6 +174,12 @@ async def play(ctx: ServerContext, choice: Choice, arrived: float, on_token: OnT
     decode = max(0.0, generation.total - generation.ttft) * scale
     served = 0  # tokens played so far: what the client was (or is being) served
     try:
+        if on_token is None and generation.ttft * scale <= 0 and decode <= 0 and not entry.aborted \
+                and not ctx.state.paused:
+            # unpaced, as both `pacer.sleep(0)` below would find it: nothing to wait for
+            pacer.first_token()
+            served = total
+            return _finish(ctx, choice, arrived, total, False)
         if not await pacer.sleep(generation.ttft * scale):
             return _finish(ctx, choice, arrived, 0, True, queued=True)
         pacer.first_token()

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import random
 import uuid
-from typing import Awaitable, Callable
-
 from aiohttp import web
 
 from faults.catalogue.router_no_workers import no_workers_answer, router_request_id
@@ -53,15 +51,13 @@ async def set_workers(request: web.Request) -> web.Response:
     return wire.json_response({"available": body["available"]})
 
 
-@web.middleware
-async def no_workers_middleware(request: web.Request,
-                                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def no_workers(request: web.Request) -> web.Response:
+    """A generation route's answer while the worker is taken away (the app's middleware asks `workers_available`
+    first: one middleware for the generation routes and the logged others, not two layers on every request)."""
     ctx = request.app[CONTEXT_KEY]
-    if not ctx.state.workers_available and request.path in GENERATION_ROUTES:
-        await request.read()
-        return transport.replacement_response(no_workers_answer(ctx.config.router_version,
-                                                                router_request_id(random.Random())))
-    return await handler(request)
+    await request.read()
+    return transport.replacement_response(no_workers_answer(ctx.config.router_version,
+                                                            router_request_id(random.Random())))
 
 
 def add_router_routes(app: web.Application, surface: bool = True) -> None:
@@ -72,4 +68,3 @@ def add_router_routes(app: web.Application, surface: bool = True) -> None:
         app.router.add_get("/list_workers", list_workers)
         app.router.add_get("/readiness", readiness)
     app.router.add_post("/bench/workers", set_workers)
-    app.middlewares.append(no_workers_middleware)

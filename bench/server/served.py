@@ -25,13 +25,16 @@ SERVED_KEY: Any = web.RequestKey("rollout_bench_served", list) if hasattr(web, "
 
 async def add_served_headers(request: web.Request, response: web.StreamResponse) -> None:
     """`on_response_prepare`: runs before the headers go out, streamed answers included."""
-    records = request.get(SERVED_KEY) or []
-    identified = {r.trajectory for r in records if r.trajectory is not None}
-    if len(identified) != 1 or len(records) != 1:
+    try:  # not `request.get`: a request's mapping methods are the slow generic ones
+        records = request[SERVED_KEY]
+    except KeyError:
+        return
+    if len(records) != 1 or records[0].trajectory is None:  # one identified record, or the answer names none
         return
     record = records[0]
-    response.headers[SERVED_TRAJECTORY_HEADER] = str(record.trajectory)
-    response.headers[SERVED_TURN_HEADER] = str(record.turn if record.turn is not None else "")
-    response.headers[SERVED_ATTEMPT_HEADER] = str(record.attempt if record.attempt is not None else "")
+    headers = response.headers
+    headers[SERVED_TRAJECTORY_HEADER] = str(record.trajectory)
+    headers[SERVED_TURN_HEADER] = "" if record.turn is None else str(record.turn)
+    headers[SERVED_ATTEMPT_HEADER] = "" if record.attempt is None else str(record.attempt)
     if record.rid:
-        response.headers[SERVED_REQUEST_HEADER] = str(record.rid)
+        headers[SERVED_REQUEST_HEADER] = str(record.rid)

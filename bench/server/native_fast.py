@@ -1,0 +1,254 @@
+"""The fast path of `POST /generate`: one plain request, answered from a reply precomputed as bytes.
+
+A run (and the throughput benchmark) sends mostly one shape of request: one prompt as token ids, no stream, no
+`X-Bench-Fault` header, identified as a recorded turn, no fault firing. Its answer is the same bytes every time but
+for four fields (`id`, `weight_version`, `e2e_latency`, `response_sent_to_client_ts`), so the reply to each
+(trajectory, turn, sampling parameters, logprob options) is built once, by the slow path's own formatter, with
+sentinels where those fields go, and later requests splice their values into the saved pieces: no logprob triples,
+no dict, no JSON encoding per request.
+
+`accept` says whether a decoded body is of that shape (anything else returns None and takes the slow path, whose
+checks and answers are SGLang's); the handler (`native.generate`) still logs, identifies, decides faults, registers
+the request in flight and paces it exactly as the slow path does, and falls back to it when a fault fires, the
+request does not match a recorded turn, or the recording answers with an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from hashlib import blake2b
+from dataclasses import dataclass
+from typing import Any, Union
+
+import msgspec
+
+from bench.records.served_tokens import PackedAnswer
+from bench.replay import GenerateParams, Generation, Identity
+from bench.tokenizer import ByteBPETokenizer
+
+from . import transport
+from .native_format import NativeFormatter
+from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, check_sampling, sampling_params
+from .profiles import SglangProfile
+from .wire import fresh_id
+
+_encode = msgspec.json.Encoder().encode
+
+
+
+_NULL = msgspec.Raw(b"null")
+
+
+class _Plain(msgspec.Struct, forbid_unknown_fields=True):
+    """The keys a plain body may hold, with the types SGLang's schema takes (ints are never bools here): a body
+    with any other key (text, input_embeds, lora_path, ...) or another type does not decode, and takes the slow
+    path, which checks and answers it as SGLang does."""
+
+    input_ids: list[int]
+    sampling_params: msgspec.Raw = _NULL  # kept as sent (any JSON value): its bytes name it (`SamplingCache`)
+    return_logprob: Union[bool, None] = None
+    stream: Union[bool, None] = None
+    rid: Union[str, None] = None
+    logprob_start_len: Union[int, None] = None
+    top_logprobs_num: Union[int, None] = None
+    return_text_in_logprobs: Union[bool, None] = None
+    return_prompt_token_ids: Union[bool, None] = None
+
+
+_decode_plain = msgspec.json.Decoder(_Plain).decode
+
+# where the per-request values go in a saved reply; a body holding one of these strings itself is not saved
+RID, VERSION, E2E, SENT_TS = "\x00bench-rid\x00", "\x00bench-version\x00", "\x00bench-e2e\x00", "\x00bench-ts\x00"
+_SLOTS = (RID, VERSION, E2E, SENT_TS)
+_SLOT_BYTES = tuple(_encode(s) for s in _SLOTS)
+
+
+@dataclass(slots=True)
+class FastRequest:
+    """A plain `/generate` body, parsed (what `parse_generate` makes of it, as one item)."""
+
+    ids: list[int]
+    rid: str
+    hint: str | None
+    sampling: dict[str, Any]
+    params: GenerateParams
+    shape: tuple[Any, ...]  # what the reply's form depends on besides the generation: the logprob options
+    key: bytes  # the sampling parameters as sent (encoded): with the turn and `shape`, names the reply
+    parsed: NativeRequest | None = None  # built only when the slow path or a new reply needs it
+
+
+class SamplingCache:
+    """Sampling parameters already checked, by their bytes as sent: a run sends a handful of distinct ones."""
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self._params: dict[tuple[bytes, int], tuple[dict[str, Any], GenerateParams] | None] = {}
+
+    def params(self, key: bytes, input_len: int, profile: SglangProfile
+               ) -> tuple[dict[str, Any], GenerateParams] | None:
+        """The parameters (decoded) and the request's GenerateParams, or None when they are not an object, SGLang
+        would refuse them, or they ask for several samples (the slow path answers)."""
+        entry = (key, input_len)
+        try:
+            return self._params[entry]
+        except KeyError:
+            pass
+        found: tuple[dict[str, Any], GenerateParams] | None = None
+        sampling = msgspec.json.decode(key)
+        if sampling is None:
+            sampling = {}
+        if isinstance(sampling, dict) and (sampling.get("n") or 1) == 1:  # n > 1 is a batch
+            try:
+                check_sampling(sampling, profile)
+                found = (sampling, sampling_params(sampling, input_len))
+            except (Rejected, ValueRejected):
+                pass
+        if len(self._params) >= self.LIMIT:
+            self._params.clear()
+        self._params[entry] = found
+        return found
+
+
+def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: SamplingCache) -> FastRequest | None:
+    """The body as a fast-path request, or None: anything but one prompt of token ids, not streamed, with valid
+    sampling parameters, takes the slow path (which rejects, batches, streams, tokenizes as SGLang does)."""
+    try:
+        body = _decode_plain(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    ids = body.input_ids
+    if not ids or body.stream:
+        return None
+    key = bytes(body.sampling_params)
+    found = cache.params(key, len(ids), profile)
+    if found is None:
+        return None
+    sampling, params = found
+    start, top = body.logprob_start_len, body.top_logprobs_num
+    shape = (bool(body.return_logprob), -1 if start is None else start, 0 if top is None else top,
+             bool(body.return_text_in_logprobs), bool(body.return_prompt_token_ids))
+    rid = body.rid
+    return FastRequest(ids, fresh_id() if rid is None else rid, hint or rid, sampling, params, shape, key)
+
+
+def native_request(fast: FastRequest) -> NativeRequest:
+    """What `parse_generate` makes of the same body (with the fast path's rid): for the slow path and the formatter."""
+    if fast.parsed is None:
+        logprob, start, top, text, prompt_ids = fast.shape
+        item = NativeItem(0, list(fast.ids), fast.rid, dict(fast.sampling), fast.params, fast.hint)
+        fast.parsed = NativeRequest(items=[item], batch=False, stream=False, return_logprob=logprob,
+                                    logprob_start_len=start, top_logprobs_num=top, return_text_in_logprobs=text,
+                                    return_prompt_token_ids=prompt_ids)
+    return fast.parsed
+
+
+@dataclass(slots=True)
+class Reply:
+    """A recorded turn's answer to one request shape: the generation (less its identity) and the body as bytes,
+    cut where the per-request values go."""
+
+    generation: Generation  # a prototype: each request gets its own copy, with its identity
+    served: PackedAnswer  # what the served-token store keeps of it
+    finish: str | None  # the finish reason's type, as the request log keeps it
+    instant: bool  # at the server's time scale there is nothing to wait for (`playback.played_at_once`)
+    prompt_digest: bytes  # of the turn's prompt, as the served-token store digests it
+    pieces: tuple[bytes, ...]  # len(order) + 1 pieces around the per-request values
+    order: tuple[int, ...]  # which value goes after each piece: 0 rid, 1 weight version, 2 e2e latency, 3 sent ts
+    size: int
+
+    def body(self, rid: str, version: str, e2e: float) -> bytes:
+        """The saved body with this request's values (the time it is sent, as the formatter takes it, last)."""
+        values = (_encode(rid), _encode(version), _encode(round(e2e, 4)), _encode(round(time.time(), 4)))
+        pieces, order = self.pieces, self.order
+        if order == _USUAL:
+            return b"".join((pieces[0], values[0], pieces[1], values[1], pieces[2], values[2], pieces[3], values[3],
+                             pieces[4]))
+        out = [pieces[0]]
+        for position, slot in enumerate(order, 1):
+            out.append(values[slot])
+            out.append(pieces[position])
+        return b"".join(out)
+
+    def generation_for(self, identity: Identity) -> Generation:
+        """The prototype with this request's identity; its token lists are shared (nothing edits them: a fault that
+        would takes the slow path)."""
+        g = self.generation
+        return Generation(identity, g.output_ids, g.logprobs, g.text, g.finish_reason, g.prompt_tokens,
+                          g.cached_tokens, g.ttft, g.total, g.error_status, g.error_message, g.synthesized, [],
+                          g.max_new_tokens)
+
+
+_USUAL = (0, 1, 2, 3)  # id, weight_version, e2e_latency, response_sent_to_client_ts: 0.5.6 and later
+
+
+def make_reply(generation: Generation, profile: SglangProfile, tokenizer: ByteBPETokenizer,
+               parsed: NativeRequest, prompt: bytes, time_scale: float) -> Reply | None:
+    """The slow path's own body for `generation` (unfaulted), with sentinels in place of the per-request values;
+    None when the body cannot be cut at them unambiguously (it then always takes the slow path)."""
+    item = parsed.items[0]
+    formatter = NativeFormatter(profile, tokenizer, parsed, VERSION, None)
+    body = formatter.item(generation, RID, item.ids, e2e=0.0)
+    meta = body["meta_info"]
+    if "e2e_latency" in meta:
+        meta["e2e_latency"] = E2E
+    if "response_sent_to_client_ts" in meta:
+        meta["response_sent_to_client_ts"] = SENT_TS
+    encoded = transport.encode(body, None)
+    found = []
+    for slot, marker in enumerate(_SLOT_BYTES):
+        count = encoded.count(marker)
+        if count > 1:
+            return None
+        if count == 1:
+            found.append((encoded.index(marker), slot, marker))
+    if not any(slot == 0 for _, slot, _ in found):
+        return None
+    found.sort()
+    pieces, at = [], 0
+    for position, _, marker in found:
+        pieces.append(encoded[at:position])
+        at = position + len(marker)
+    pieces.append(encoded[at:])
+    size = len(encoded) + 32 * len(generation.output_ids) + 256
+    served = PackedAnswer.of(generation.output_ids, list(generation.logprobs or []) if parsed.return_logprob else None,
+                             prompt)
+    finish = (generation.finish_reason or {}).get("type")
+    # what `play` waits: the time to first token, then the decode time (both scaled)
+    instant = generation.ttft * time_scale <= 0 and max(0.0, generation.total - generation.ttft) * time_scale <= 0
+    return Reply(generation, served, finish, instant, blake2b(prompt, digest_size=16).digest(), tuple(pieces),
+                 tuple(slot for _, slot, _ in found), size)
+
+
+class ReplyCache:
+    """Saved replies, by (trajectory, turn, sampling parameters, request shape), up to `limit_bytes` (oldest out)."""
+
+    def __init__(self, limit_bytes: int = 32 * 2**20) -> None:
+        self.limit_bytes = limit_bytes
+        self.bytes = 0
+        self.hits = self.saved = 0  # replies answered from the cache, replies made and saved
+        self._replies: OrderedDict[tuple[Any, ...], Reply | None] = OrderedDict()
+        self.sampling = SamplingCache()
+
+    def __len__(self) -> int:
+        return len(self._replies)
+
+    def get(self, key: tuple[Any, ...]) -> Reply | None | bool:
+        """The saved reply; None: that answer is never saved (the slow path answers); False: not made yet."""
+        reply = self._replies.get(key, False)
+        if reply:
+            self.hits += 1
+        return reply
+
+    def put(self, key: tuple[Any, ...], reply: Reply | None) -> None:
+        self._replies[key] = reply
+        self.saved += reply is not None
+        self.bytes += reply.size if reply is not None else 64
+        while self.bytes > self.limit_bytes and len(self._replies) > 1:
+            _, old = self._replies.popitem(last=False)
+            self.bytes -= old.size if old is not None else 64
+
+    def clear(self) -> None:
+        self._replies.clear()
+        self.bytes = 0

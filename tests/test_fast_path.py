@@ -1,0 +1,252 @@
+"""The fast path of `/generate` (bench/server/native_fast.py) answers exactly as the slow path does.
+
+Every recorded turn of a shipped multi-turn trace goes through the real handler twice, once with the fast path and
+once without it, under every SGLang profile and every request shape the fast path accepts (logprobs on or off, with
+text, from a prompt position, with top logprobs; the recorded sampling parameters and cut or stopped variants): the
+answers must be the same bytes but for the per-request fields (`e2e_latency`, `response_sent_to_client_ts`, and `id`
+when the server makes one up), and the request log and the served-token store must hold the same. Shapes the fast
+path does not take must fall back to the slow path, and fault decisions must be those of `Schedule.fires`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from array import array
+from itertools import product
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.streams import StreamReader
+from aiohttp.test_utils import make_mocked_request
+
+from bench.server import PROFILES
+from bench.server import native, native_fast
+from bench.server.app import create_app, load_context
+from bench.server.context import ServerContext
+from faults import Target, plan_from_specs, resolve_plan
+from faults.engine import CompiledPlan, _threshold
+
+TRACE = "retool-64"  # 64 multi-turn trajectories, 167 turns
+VOLATILE = re.compile(rb'"(e2e_latency|response_sent_to_client_ts)":[0-9.e+-]+')
+ID = re.compile(rb'"id":"[0-9a-f]{32}"')
+# every logprob option the fast path takes, and its defaults given explicitly (they must name the same saved reply)
+LOGPROB_SHAPES = [{}, {"return_logprob": False, "top_logprobs_num": 2}] + [
+    {"return_logprob": True, **{k: v for k, v in zip(("return_text_in_logprobs", "logprob_start_len",
+                                                      "top_logprobs_num"), values) if v is not None}}
+    for values in product((None, True), (None, 0, 3), (None, 2))
+] + [{"return_logprob": True, "return_text_in_logprobs": False, "logprob_start_len": -1, "top_logprobs_num": 0},
+     {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 0, "return_prompt_token_ids": True}]
+SHAPES_PER_TURN = 4  # each turn under 4 of the shapes, in rotation: every shape meets ~40 turns per profile
+LOG_FIELDS = ("endpoint", "rid", "trajectory", "group", "turn", "drift", "by_order", "stream", "status",
+              "prompt_tokens", "completion_tokens", "finish", "client_disconnected", "error", "served_tokens",
+              "served_digest", "weight_version", "logprobs_served", "continues")
+
+
+def _sampling(trajectory: Any, turn: int) -> dict[str, Any]:
+    """The recorded parameters, or (turn by turn) a cut, a stop string, stop ids, a request without any."""
+    recorded = dict(trajectory.first_sampling_params)
+    variant = (trajectory.index + turn) % 5
+    if variant == 1:
+        return {**recorded, "max_new_tokens": 7}
+    if variant == 2:
+        return {**recorded, "stop": [" the", "\n\n"], "no_stop_trim": turn % 2 == 0}
+    if variant == 3:
+        return {"max_new_tokens": 4096, "stop_token_ids": [1758, 13], "ignore_eos": True, "temperature": 0.7}
+    if variant == 4:
+        return {}
+    return recorded
+
+
+def _ids(trajectory: Any, turn: int) -> list[int]:
+    recorded = trajectory.turns[turn]
+    return list(array("i", trajectory.sequences[recorded.sequence][: recorded.input_len * 4]))
+
+
+async def _call(app: web.Application, body: dict[str, Any], headers: dict[str, str]) -> web.Response:
+    """The real handler on a real aiohttp request (no socket): what `POST /generate` answers."""
+    raw = json.dumps(body).encode()
+    protocol = _Protocol()
+    payload = StreamReader(protocol, 2**16, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+    payload.feed_data(raw)
+    payload.feed_eof()
+    request = make_mocked_request("POST", "/generate", headers={"Content-Type": "application/json",
+                                                                "Content-Length": str(len(raw)), **headers},
+                                  app=app, payload=payload)
+    return await native.generate(request)  # type: ignore[return-value]
+
+
+class _Protocol:
+    _reading_paused = False
+
+    def pause_reading(self, **_: Any) -> None:
+        pass
+
+    def resume_reading(self, **_: Any) -> None:
+        pass
+
+
+def _normal(body: bytes, made_up_id: bool) -> bytes:
+    body = VOLATILE.sub(lambda m: b'"' + m.group(1) + b'":0', body)
+    return ID.sub(b'"id":"-"', body) if made_up_id else body
+
+
+def _log_row(ctx: ServerContext, index: int, with_rid: bool) -> tuple[Any, ...]:
+    record = ctx.log.records[index]
+    fields = LOG_FIELDS if with_rid else tuple(f for f in LOG_FIELDS if f != "rid")
+    entry = ctx.served.entry_of(record)
+    served = None if entry is None else (list(ctx.served.tokens(entry)), [round(v, 9) if v == v else "nan"
+                                                                           for v in ctx.served.logprobs_of(entry)],
+                                         entry.logprobs_shown, entry.link, entry.context_digest, entry.parent)
+    return tuple(getattr(record, f) for f in fields) + (served,)
+
+
+async def _compare_trace(profile: str) -> tuple[int, int]:
+    ctx = load_context(TRACE, sglang_version=profile)
+    app = create_app(ctx)
+    compared = fast_answers = 0
+    for trajectory in ctx.store.trajectories:
+        for turn in range(len(trajectory.turns)):
+            ids, sampling = _ids(trajectory, turn), _sampling(trajectory, turn)
+            for number in range(SHAPES_PER_TURN):
+                shape = LOGPROB_SHAPES[(trajectory.index * 3 + turn * SHAPES_PER_TURN + number) % len(LOGPROB_SHAPES)]
+                body = {"input_ids": ids, "sampling_params": sampling, **shape}
+                with_rid = (number + turn) % 2 == 0
+                if with_rid:
+                    body["rid"] = f"{trajectory.id}-{turn}-{number}"
+                headers = {"X-Bench-Trajectory": trajectory.id}
+                answers, rows = [], []
+                for fast in (True, False):
+                    ctx.fast_path = fast
+                    before = ctx.replies.hits + ctx.replies.saved
+                    answer = await _call(app, body, headers)
+                    if fast:  # a refused turn (context length, a recorded error) is the slow path's to answer
+                        took_fast = ctx.replies.hits + ctx.replies.saved > before
+                        assert took_fast == (answer.status == 200), (profile, trajectory.id, turn, answer.body[:200])
+                        fast_answers += took_fast
+                    answers.append((answer.status, answer.content_type, _normal(answer.body, not with_rid)))
+                    rows.append(_log_row(ctx, len(ctx.log) - 1, with_rid))
+                assert answers[0] == answers[1], (profile, trajectory.id, turn, shape)
+                assert rows[0] == rows[1], (profile, trajectory.id, turn, shape)
+                compared += 1
+    return compared, fast_answers
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_fast_answers_are_the_slow_paths_bytes_for_every_turn_and_shape(profile: str) -> None:
+    compared, fast = asyncio.run(_compare_trace(profile))
+    assert compared == 167 * SHAPES_PER_TURN
+    assert fast > compared * 0.7  # most took the fast path (the rest asked for more than the context holds)
+
+
+def test_the_benchmark_shape_for_every_turn_of_rlvr() -> None:
+    """The throughput benchmark's requests (rlvr-500's turn 0, recorded parameters, logprobs on), each answered
+    twice by the fast path (the second from the saved reply) and once by the slow path."""
+    async def run() -> None:
+        ctx = load_context("rlvr-500")
+        app = create_app(ctx)
+        for trajectory in ctx.store.trajectories:
+            body = {"input_ids": _ids(trajectory, 0), "sampling_params": dict(trajectory.first_sampling_params),
+                    "return_logprob": True}
+            answers = []
+            for fast in (True, True, False):
+                ctx.fast_path = fast
+                answer = await _call(app, body, {"X-Bench-Trajectory": trajectory.id})
+                answers.append((answer.status, _normal(answer.body, True)))
+            assert answers[0] == answers[1] == answers[2], trajectory.id
+        assert len(ctx.replies) == len(ctx.store.trajectories)
+        ctx.state.weight_version = "17"  # a weight update: saved replies report the version at their finish
+        for trajectory in ctx.store.trajectories[:20]:
+            body = {"input_ids": _ids(trajectory, 0), "sampling_params": dict(trajectory.first_sampling_params),
+                    "return_logprob": True}
+            ctx.fast_path = True
+            answer = await _call(app, body, {"X-Bench-Trajectory": trajectory.id})
+            assert json.loads(answer.body)["meta_info"]["weight_version"] == "17"
+            assert ctx.log.records[-1].weight_version == "17"
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("body", [
+    {"input_ids": [1, 2, 3], "stream": True},
+    {"input_ids": [[1, 2, 3], [4, 5]]},
+    {"text": "hello"},
+    {"input_ids": [1, 2, 3], "sampling_params": {"n": 2}},
+    {"input_ids": [1, 2, 3], "rid": ["a"]},
+    {"input_ids": [1, True, 3]},
+    {"input_ids": [1, 2.0, 3]},
+    {"input_ids": []},
+    {"input_ids": [1, 2, 3], "return_logprob": [True]},
+    {"input_ids": [1, 2, 3], "logprob_start_len": True},
+    {"input_ids": [1, 2, 3], "lora_path": "x"},
+    {"input_ids": [1, 2, 3], "sampling_params": {"temperature": -1}},
+    {"input_ids": [1, 2, 3], "sampling_params": {"bogus": 1}},
+    {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": "9"}},
+    {"input_ids": [1, 2, 3], "sampling_params": [{}]},
+])
+def test_shapes_the_fast_path_does_not_take_fall_back(body: dict[str, Any]) -> None:
+    profile = PROFILES["0.5.15"]
+    assert native_fast.accept(json.dumps(body).encode(), None, profile, native_fast.SamplingCache()) is None
+
+
+def test_accepted_bodies_parse_as_the_slow_path_parses_them() -> None:
+    from bench.server.native_request import parse_generate
+    from bench.tokenizer import load_tokenizer
+
+    profile, tokenizer = PROFILES["0.5.23"], load_tokenizer()
+    for extra in LOGPROB_SHAPES + [{"rid": "r1"}, {"return_prompt_token_ids": True, "stream": False}]:
+        body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3, "stop": "x"}, **extra}
+        fast = native_fast.accept(json.dumps(body).encode(), "hint", profile, native_fast.SamplingCache())
+        assert fast is not None, extra
+        slow = parse_generate(body, profile, tokenizer, "hint")
+        slow.items[0].rid = fast.rid  # made up per request when the body has none
+        assert native_fast.native_request(fast) == slow
+
+
+def test_a_fault_that_fires_takes_the_slow_path_and_is_logged() -> None:
+    """With a plan that always fires on one trajectory, its requests are answered (and logged) by the slow path
+    even after the fast path saved a reply for the same turn; the others keep the fast path."""
+    async def run() -> None:
+        ctx = load_context("rlvr-500", plan=plan_from_specs(["missing_logprobs:trajectories=" +
+                                                             ctx_ids[0] + ",p=1"], seed=1))
+        app = create_app(ctx)
+        for trajectory_id in ctx_ids:
+            trajectory = ctx.store.by_id[trajectory_id]
+            body = {"input_ids": _ids(trajectory, 0), "return_logprob": True,
+                    "sampling_params": dict(trajectory.first_sampling_params)}
+            answer = await _call(app, body, {"X-Bench-Trajectory": trajectory_id})
+            meta = json.loads(answer.body)["meta_info"]
+            assert ("output_token_logprobs" in meta) == (trajectory_id != ctx_ids[0])
+        assert [e.trajectory for e in ctx.faults.log.events] == [ctx_ids[0]]
+        assert len(ctx.replies) == 1  # the faulted request saved none
+
+    ctx_ids = ["g00000-0", "g00000-1"]
+    asyncio.run(run())
+
+
+def test_compiled_decisions_are_the_schedules_own() -> None:
+    rules = ["http_error:p=1/3,attempts=1-2", "abort:p=1,turns=0-1", "missing_logprobs:every=3,p=0.5",
+             "null_logprob:window=0-5,p=0.9", "nan_logprob:first=2", "stall:groups=g1,p=0.7",
+             "latency:endpoints=/generate,p=1/7", "http_error:p=1", "missing_weight_version:trajectories=t3"]
+    for plan in (resolve_plan("chaos"), plan_from_specs(rules, seed=11)):
+        compiled = CompiledPlan(plan)
+        rng = random.Random(0)
+        for _ in range(20000):
+            target = Target(f"t{rng.randrange(50)}", rng.choice([None, rng.randrange(50)]),
+                            rng.choice([None, "g1", "g2"]), rng.randrange(4), rng.randrange(1, 6),
+                            rng.choice(["/generate", "/v1/chat/completions"]))
+            elapsed = rng.uniform(0, 10)
+            expected = tuple(r for r in plan.rules if r.fault.server_side and not r.fault.on_weight_update
+                             and r.schedule.fires(plan.seed, r.name, target, elapsed))
+            assert compiled.fired(target, elapsed) == expected
+
+
+def test_probability_thresholds_are_exact() -> None:
+    rng = random.Random(5)
+    for p in [1.0, 0.5, 1 / 3, 1 / 150, 1e-9, 0.999999] + [rng.random() for _ in range(200)]:
+        threshold = _threshold(p)
+        assert threshold == 2**64 or threshold / 2**64 >= p
+        assert threshold == 0 or (threshold - 1) / 2**64 < p
