@@ -77,17 +77,20 @@ def _limit_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{Limits.body_timeout_s:g})")
     parser.add_argument("--max-connections", type=int, default=Limits.max_connections,
                         help=f"open connections at once; more are closed as they arrive (default {Limits.max_connections})")
+    parser.add_argument("--max-n", type=int, default=Limits.max_n,
+                        help=f"samples one request may ask for (n; 400 beyond; default {Limits.max_n})")
 
 
 def _limits(args: argparse.Namespace) -> Any:
     from bench.server.limits import Limits
 
     try:
-        return Limits(args.max_body_mb, args.head_timeout, args.body_timeout, args.max_connections)
+        return Limits(args.max_body_mb, args.head_timeout, args.body_timeout, args.max_connections, args.max_n)
     except ValueError as error:  # the field's name, as the option a user typed
         message = str(error)
         for field, option in (("max_body_mb", "--max-body-mb"), ("head_timeout_s", "--head-timeout"),
-                              ("body_timeout_s", "--body-timeout"), ("max_connections", "--max-connections")):
+                              ("body_timeout_s", "--body-timeout"), ("max_connections", "--max-connections"),
+                              ("max_n", "--max-n")):
             message = message.replace(field, option)
         raise ValueError(message) from None
 

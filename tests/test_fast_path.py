@@ -189,7 +189,7 @@ def test_the_benchmark_shape_for_every_turn_of_rlvr() -> None:
 ])
 def test_shapes_the_fast_path_does_not_take_fall_back(body: dict[str, Any]) -> None:
     profile = PROFILES["0.5.15"]
-    assert native_fast.accept(json.dumps(body).encode(), None, profile, native_fast.SamplingCache()) is None
+    assert native_fast.accept(json.dumps(body).encode(), None, profile, native_fast.SamplingCache(), 100_000) is None
 
 
 def test_accepted_bodies_parse_as_the_slow_path_parses_them() -> None:
@@ -199,7 +199,7 @@ def test_accepted_bodies_parse_as_the_slow_path_parses_them() -> None:
     profile, tokenizer = PROFILES["0.5.23"], load_tokenizer()
     for extra in LOGPROB_SHAPES + [{"rid": "r1"}, {"return_prompt_token_ids": True, "stream": False}]:
         body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3, "stop": "x"}, **extra}
-        fast = native_fast.accept(json.dumps(body).encode(), "hint", profile, native_fast.SamplingCache())
+        fast = native_fast.accept(json.dumps(body).encode(), "hint", profile, native_fast.SamplingCache(), 100_000)
         assert fast is not None, extra
         slow = parse_generate(body, profile, tokenizer, "hint")
         slow.items[0].rid = fast.rid  # made up per request when the body has none

@@ -3,6 +3,7 @@ error in the engines' shape and a request-log row, never a 500 page or a traceba
 
 from __future__ import annotations
 
+import gzip
 import json
 from typing import Iterator
 
@@ -22,8 +23,10 @@ DEEP = b"[" * 5000 + b"]" * 5000
 CASES = [  # (name, method, path, raw body, extra headers, status, a piece of the JSON answer)
     ("generate: not UTF-8", "POST", "/generate", b'{"text": "\xff\xfe"}', {}, 400, "json_invalid"),
     ("generate: nested 5,000 deep", "POST", "/generate", DEEP, {}, 400, "json_invalid"),
-    ("generate: a gzip body that is not gzip", "POST", "/generate", b"plain", {"Content-Encoding": "gzip"}, 400,
-     "error parsing the body"),
+    ("generate: a body sent gzip-encoded (never decompressed, as uvicorn)", "POST", "/generate",
+     gzip.compress(b'{"input_ids": [3, 4]}'), {"Content-Encoding": "gzip"}, 400, "json_invalid"),
+    ("generate: a body whose Content-Encoding lies", "POST", "/generate", b"plain", {"Content-Encoding": "br"}, 400,
+     "json_invalid"),
     ("generate: DELETE", "DELETE", "/generate", b"", {}, 405, "Method Not Allowed"),
     ("chat: not UTF-8", "POST", "/v1/chat/completions", b'{"messages": "\xff"}', {}, 400, "json_invalid"),
     ("chat: nested 5,000 deep", "POST", "/v1/chat/completions", DEEP, {}, 400, "json_invalid"),
@@ -47,6 +50,24 @@ CASES = [  # (name, method, path, raw body, extra headers, status, a piece of th
     ("abort_request: rid a number", "POST", "/abort_request", b'{"rid": 5}', {}, 400, "string_type"),
     ("bench/workers: not JSON", "POST", "/bench/workers", b"\xff", {}, 400, "not JSON"),
     ("bench/plan: nested 5,000 deep", "PUT", "/bench/plan", DEEP, {}, 400, "not JSON"),
+    ("generate: an id past int32", "POST", "/generate", b'{"input_ids": [2147483648]}', {}, 400,
+     "The input_ids [2147483648] contains values greater than the vocab size (1765)."),
+    ("generate: an id past the vocabulary", "POST", "/generate", b'{"input_ids": [3, 200000]}', {}, 400,
+     "contains values greater than the vocab size"),
+    ("generate: a null id", "POST", "/generate", b'{"input_ids": [3, null]}', {}, 400, "int_type"),
+    ("generate: a per-prompt option of the wrong type", "POST", "/generate",
+     b'{"input_ids": [3, 4], "logprob_start_len": ["x"]}', {}, 400, "int_type"),
+    ("generate: a negative id", "POST", "/generate", b'{"input_ids": [3, -1]}', {}, 400, "negative values"),
+    ("generate: a batch with one bad prompt", "POST", "/generate", b'{"input_ids": [[3, 4], [99999999999999999999]]}',
+     {}, 400, "greater than the vocab size"),
+    ("generate: a fractional max_new_tokens", "POST", "/generate",
+     b'{"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 3.5}}', {}, 400, "max_new_tokens must be an integer"),
+    ("generate: n past the limit", "POST", "/generate", b'{"input_ids": [3, 4], "sampling_params": {"n": 100000}}',
+     {}, 400, "n must be at most 128"),
+    ("chat: n past the limit", "POST", "/v1/chat/completions",
+     b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 100000}', {}, 400, "n must be at most 128"),
+    ("completions: n past the limit", "POST", "/v1/completions", b'{"model": "m", "prompt": "hi", "n": 129}', {}, 400,
+     "n must be at most 128"),
     ("an unknown path", "GET", "/nope", b"", {}, 404, "Not Found"),
     ("a method no route takes", "PATCH", "/health", b"", {}, 405, "Method Not Allowed"),
 ]
@@ -71,3 +92,14 @@ def test_a_good_tokenize_and_detokenize_round_trip(server: ServerThread) -> None
     assert tokens and request(server.url, "/detokenize", {"tokens": tokens}).json() == {"text": "The answer is 4."}
     chat = request(server.url, "/v1/tokenize", {"messages": [{"role": "user", "content": "hi"}]}).json()
     assert chat["count"] == len(chat["tokens"]) > 2
+
+
+def test_a_whole_number_sent_as_a_float_is_taken_as_that_number(server: ServerThread) -> None:
+    reply = request(server.url, "/generate", {"input_ids": [3, 4, 5], "sampling_params": {"max_new_tokens": 2.0}})
+    assert reply.status == 200 and reply.json()["meta_info"]["completion_tokens"] <= 2
+
+
+def test_a_per_prompt_option_sent_as_null_takes_its_default(server: ServerThread) -> None:
+    reply = request(server.url, "/generate", {"input_ids": [3, 4, 5], "return_logprob": True,
+                                              "logprob_start_len": [None], "top_logprobs_num": [None]})
+    assert reply.status == 200 and reply.json()["meta_info"]["input_token_logprobs"] == []

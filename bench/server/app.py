@@ -116,6 +116,7 @@ class BenchServer:
         self.control_token = control_token_for(host, control_token)
         self.limits = limits or Limits()
         self.context = context or load_context(trace, **options)
+        self.context.limits = self.limits
         self.host, self.port = host, port
         self._runner: web.AppRunner | None = None
         self.site: GuardedSite | None = None
@@ -131,6 +132,10 @@ class BenchServer:
     async def start(self) -> str:
         self._runner = web.AppRunner(create_app(self.context, self.control_token, self.limits),
                                      handler_cancellation=True, keepalive_timeout=self.limits.head_timeout_s,
+                                     # as uvicorn under SGLang and vLLM: a request body is never decompressed (a
+                                     # gzip body is not JSON, a 400); aiohttp's decoding could also leave a handler
+                                     # waiting on a body whose encoding broke mid-way until the body timeout
+                                     auto_decompress=False,
                                      access_log=PARSER_REFUSALS, access_log_class=parser_refusal_logger(self.context))
         await self._runner.setup()
         self.site = GuardedSite(self._runner, self.host, self.port, self.limits.max_connections)

@@ -17,6 +17,7 @@ from bench.tokenizer import ByteBPETokenizer, tokenizer_path
 from faults import Exchange, FaultEngine, FaultEvent, Plan, Rule, Target
 from faults.engine import Decision
 
+from .limits import Limits
 from .native_fast import ReplyCache
 from .profiles import SglangProfile
 from .state import ServerState
@@ -57,6 +58,7 @@ class ServerContext:
         self.identifier: Identifier | Upstream = (upstream if upstream is not None
                                                   else Identifier(store))  # type: ignore[arg-type]
         self.state = ServerState()
+        self.limits = Limits()  # the server's (BenchServer sets its own): parsers bound `n` by it
         self.log = RequestLog()
         self.served = ServedTokens()  # what each identified request was served, token by token
         self.faults = FaultEngine(plan)

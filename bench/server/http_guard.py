@@ -1,8 +1,8 @@
 """Between the socket and the routes: every request is read within its limits and logged, whatever becomes of it.
 
 - The body is read here, first, within `Limits.body_timeout_s` and `Limits.max_body_mb`: a body too slow (408), too
-  big (413) or unreadable (a `Content-Encoding` it does not decode: 400) is answered in FastAPI's JSON shape with a
-  request-log row, and routes read the cached bytes.
+  big (413) or unreadable (a broken chunked stream: 400) is answered in FastAPI's JSON shape with a request-log row,
+  and routes read the cached bytes. Bodies are taken as sent, never decompressed, as the engines' uvicorn does.
 - Requests outside the generation routes are logged here (those log themselves, with their identity); what no route
   takes is FastAPI's 404/405 JSON.
 - What aiohttp's own HTTP parser refuses never reaches the app: an access logger logs those rows.

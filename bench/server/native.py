@@ -62,7 +62,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         forced = forced_rules(header) if header else ()
         raw = await request.read()
         if ctx.fast_path and ctx.upstream is None and not forced:
-            fast = accept(raw, request.headers.get(TRAJECTORY_HEADER), ctx.config.profile, ctx.replies.sampling)
+            fast = accept(raw, request.headers.get(TRAJECTORY_HEADER), ctx.config.profile, ctx.replies.sampling,
+                          ctx.tokenizer.vocab_size)
             if fast is not None:
                 return await _generate_fast(request, ctx, fast, arrived)
         body = decode_body(raw)
@@ -74,7 +75,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return rejected.response
     stream = body.get("stream") is True
     try:
-        parsed = parse_generate(body, ctx.config.profile, ctx.tokenizer, request.headers.get(TRAJECTORY_HEADER))
+        parsed = parse_generate(body, ctx.config.profile, ctx.tokenizer, request.headers.get(TRAJECTORY_HEADER),
+                                ctx.limits.max_n)
     except Rejected as rejected:
         if ctx.upstream is not None:  # the engine judges what the bench's parser does not know
             return await _pass_through(ctx, request, arrived, "rejected body")

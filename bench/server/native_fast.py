@@ -111,7 +111,8 @@ class SamplingCache:
         return found
 
 
-def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: SamplingCache) -> FastRequest | None:
+def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: SamplingCache,
+           vocab_size: int) -> FastRequest | None:
     """The body as a fast-path request, or None: anything but one prompt of token ids, not streamed, with valid
     sampling parameters, takes the slow path (which rejects, batches, streams, tokenizes as SGLang does)."""
     try:
@@ -119,7 +120,7 @@ def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: Sampling
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     ids = body.input_ids
-    if not ids or body.stream:
+    if not ids or body.stream or max(ids) >= vocab_size or min(ids) < 0:  # the slow path refuses those ids
         return None
     key = bytes(body.sampling_params)
     found = cache.params(key, len(ids), profile)

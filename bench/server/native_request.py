@@ -106,6 +106,8 @@ def _check_ids(ids: list[Any], location: tuple[Any, ...]) -> None:
     for i, entry in enumerate(ids):
         if isinstance(entry, list) and len(location) == 1:
             _check_ids(entry, (*location, i))
+        elif entry is None:  # `_expect` lets None pass (an optional field); an id may not be null
+            raise _pydantic_error("int_type", (*location, i), "Input should be a valid integer", entry)
         else:
             _expect(entry, (int,), (*location, i), "int")
 
@@ -130,10 +132,14 @@ def _check_shapes(body: dict[str, Any]) -> None:
         _expect(sampling, (dict,), ("sampling_params",), "dict")
     for key in ("stream", "return_text_in_logprobs", "return_prompt_token_ids"):
         _expect(body.get(key), (bool,), (key,), "bool")
-    _expect(body.get("return_logprob"), (bool, list), ("return_logprob",), "bool")
-    for key in ("logprob_start_len", "top_logprobs_num"):
-        _expect(body.get(key), (int, list), (key,), "int")
-    _expect(body.get("rid"), (str, list), ("rid",), "str")
+    for key, kinds, name in (("return_logprob", (bool,), "bool"), ("logprob_start_len", (int,), "int"),
+                             ("top_logprobs_num", (int,), "int"), ("rid", (str,), "str")):
+        value = body.get(key)  # one value, or one per prompt (each may be null)
+        if isinstance(value, list):
+            for i, entry in enumerate(value):
+                _expect(entry, kinds, (key, i), name)
+        else:
+            _expect(value, kinds, (key,), name)
 
 
 def check_sampling(sampling: dict[str, Any], profile: SglangProfile) -> None:
@@ -152,6 +158,13 @@ def check_sampling(sampling: dict[str, Any], profile: SglangProfile) -> None:
                 raise Rejected(wire.schema_error(f"invalid type: {_serde_kind(value)}, expected {expected}"))
             raise Rejected(wire.internal_error(), f"as SGLang {profile.version}: {key}={value!r} makes "
                            "SamplingParams.verify() raise TypeError, answered 500")
+        if key in _INT_KEYS and isinstance(value, float):
+            if profile.schema_precheck:
+                raise Rejected(wire.schema_error(f"invalid type: floating point `{value}`, expected {_INT_KEYS[key]}"))
+            if not value.is_integer():  # SGLang would take it and count tokens against a fraction: the bench refuses
+                raise ValueRejected(f"{key} must be an integer, got {value}.")
+            sampling[key] = int(value)
+    _check_stops(sampling, profile)
     temperature = sampling.get("temperature", 1.0)
     if temperature is not None and (temperature < 0 or not math.isfinite(temperature)):
         raise ValueRejected(f"temperature must be a non-negative finite number, got {temperature}.")
@@ -167,6 +180,26 @@ def check_sampling(sampling: dict[str, Any], profile: SglangProfile) -> None:
     max_new = sampling.get("max_new_tokens", 128)
     if max_new is not None and max_new < 0:
         raise ValueRejected(f"max_new_tokens must be at least 0, got {max_new}.")
+
+
+def _check_stops(sampling: dict[str, Any], profile: SglangProfile) -> None:
+    """`stop` is a string or strings, `stop_token_ids` ints: SGLang's schema pre-check refuses anything else, and
+    without it SamplingParams raises TypeError normalizing them (answered 500)."""
+    stop, stop_ids = sampling.get("stop"), sampling.get("stop_token_ids")
+    bad = None
+    if stop is not None and not (isinstance(stop, str) or isinstance(stop, list) and all(
+            isinstance(s, str) for s in stop)):
+        bad = ("stop", stop, "a string or a sequence of strings")
+    elif stop_ids is not None and not (isinstance(stop_ids, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in stop_ids)):
+        bad = ("stop_token_ids", stop_ids, "a sequence of u32")
+    if bad is None:
+        return
+    key, value, expected = bad
+    if profile.schema_precheck:
+        raise Rejected(wire.schema_error(f"invalid type: {_serde_kind(value)}, expected {expected}"))
+    raise Rejected(wire.internal_error(), f"as SGLang {profile.version}: {key}={value!r} makes SamplingParams raise "
+                   "TypeError, answered 500")
 
 
 def _serde_kind(value: Any) -> str:
@@ -193,15 +226,30 @@ def sampling_params(sampling: dict[str, Any], input_len: int) -> GenerateParams:
     )
 
 
+def _or(value: Any, default: Any) -> Any:
+    """A per-prompt option's value, its default where the client sent null."""
+    return default if value is None else value
+
+
 def _first(value: Any, index: int, default: Any) -> Any:
     if isinstance(value, list):
         return value[index] if index < len(value) else default
     return default if value is None else value
 
 
+def check_ids_in_vocabulary(ids: list[int], vocab_size: int) -> None:
+    """SGLang's check, in its words, for ids past the vocabulary; negative ids (which crash the real model's
+    embedding lookup) are refused too. `max`/`min` run in C: this sits on every request's path."""
+    if ids and max(ids) >= vocab_size:
+        raise ValueRejected(f"The input_ids {ids} contains values greater than the vocab size ({vocab_size}).")
+    if ids and min(ids) < 0:
+        raise ValueRejected(f"The input_ids {ids} contains negative values.")
+
+
 def parse_generate(body: dict[str, Any], profile: SglangProfile, tokenizer: ByteBPETokenizer,
-                   hint: str | None) -> NativeRequest:
-    """Turn a decoded `/generate` body into items, or raise `Rejected` / `ValueRejected`."""
+                   hint: str | None, max_n: int = 128) -> NativeRequest:
+    """Turn a decoded `/generate` body into items, or raise `Rejected` / `ValueRejected`; `max_n`: the server's
+    bound on the samples one prompt may ask for (`Limits.max_n`)."""
     _check_shapes(body)
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None) or body.get("input_embeds") is not None and (text or input_ids):
@@ -209,6 +257,8 @@ def parse_generate(body: dict[str, Any], profile: SglangProfile, tokenizer: Byte
     if input_ids is not None:
         batch = bool(input_ids) and isinstance(input_ids[0], list)
         prompts = input_ids if batch else [input_ids]
+        for prompt in prompts:
+            check_ids_in_vocabulary(prompt, tokenizer.vocab_size)
     else:
         batch = isinstance(text, list)
         prompts = [tokenizer.encode(t) for t in (text if batch else [text])]
@@ -219,6 +269,8 @@ def parse_generate(body: dict[str, Any], profile: SglangProfile, tokenizer: Byte
         check_sampling(sampling, profile)
         rid = _first(body.get("rid"), position, None)
         n = sampling.get("n") or 1
+        if n > max_n:
+            raise ValueRejected(f"n must be at most {max_n} (the bench server's limit, --max-n), got {n}.")
         for copy in range(n):
             own_rid = rid if (rid is not None and n == 1) else wire.fresh_id()
             items.append(NativeItem(len(items), list(ids), own_rid, sampling, sampling_params(sampling, len(ids)),
@@ -229,8 +281,8 @@ def parse_generate(body: dict[str, Any], profile: SglangProfile, tokenizer: Byte
         batch=batch,
         stream=bool(body.get("stream", False)),
         return_logprob=bool(_first(body.get("return_logprob"), 0, False)),
-        logprob_start_len=int(_first(body.get("logprob_start_len"), 0, -1)),
-        top_logprobs_num=int(_first(body.get("top_logprobs_num"), 0, 0)),
+        logprob_start_len=_or(_first(body.get("logprob_start_len"), 0, -1), -1),
+        top_logprobs_num=_or(_first(body.get("top_logprobs_num"), 0, 0), 0),
         return_text_in_logprobs=bool(body.get("return_text_in_logprobs", False)),
         return_prompt_token_ids=bool(body.get("return_prompt_token_ids", False)),
     )

@@ -189,6 +189,9 @@ async def _serve(request: web.Request, kind: str, parser: Parser) -> web.StreamR
     try:
         forced = _forced(request)
         parsed = parser(decode_body(await request.read()), flavor, ctx.tokenizer)
+        if parsed.sampling.n > ctx.limits.max_n:
+            raise BadRequest(f"n must be at most {ctx.limits.max_n} (the bench server's limit, --max-n), "
+                             f"got {parsed.sampling.n}.", param="n")
     except (FaultError, PlanError) as error:
         reject(ctx, new_record(ctx, request.path, arrived), 400, str(error), arrived)
         return wire.openai_error(flavor, str(error), 400, "bench_fault_header")
