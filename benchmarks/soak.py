@@ -288,7 +288,7 @@ def _verdict(args: argparse.Namespace, samples: list[dict[str, Any]], tally: Tal
 def _explained(row: dict[str, Any]) -> bool:
     """A 5xx the plan injected (the row names its fault) or one SGLang itself answers (the row says so)."""
     error = str(row.get("error") or "")
-    return bool(row.get("faults")) or error.startswith("as SGLang ") or "fault" in error
+    return bool(row.get("faults")) or error.startswith("as SGLang ") or error == "fault replacement"
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:

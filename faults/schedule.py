@@ -59,6 +59,10 @@ class IntRanges:
         return index >= 0 and value <= self.ranges[index][1]
 
     def __len__(self) -> int:
+        return self.count()
+
+    def count(self) -> int:
+        """How many members (an int of any size: `len` is bounded by sys.maxsize)."""
         return sum(high - low + 1 for low, high in self.ranges)
 
     def __eq__(self, other: object) -> bool:
@@ -66,7 +70,7 @@ class IntRanges:
         if isinstance(other, IntRanges):
             return self.ranges == other.ranges
         if isinstance(other, (set, frozenset)):
-            return len(other) == len(self) and all(value in self for value in other)
+            return len(other) == self.count() and all(value in self for value in other)
         return NotImplemented
 
     def __hash__(self) -> int:
@@ -78,11 +82,12 @@ class IntRanges:
 
     def describe(self) -> list[int] | str:
         """A list when short (as plans usually write it), else the ranges as text (`"0-3000000"`), which reads back."""
-        if len(self) <= _LISTED:
+        if self.count() <= _LISTED:
             return list(self)
         return ",".join(str(low) if low == high else f"{low}-{high}" for low, high in self.ranges)
 
 
+_CEILING = 2**62  # turns and attempts past this are not counted by anything: a plan naming them is a typo
 _BEYOND = 2**63  # sorts after any `high`, so bisect finds the range that starts at or before a value
 _LISTED = 64
 
@@ -168,6 +173,9 @@ def _ints(key: str, value: Any) -> IntRanges:
             raise ScheduleError(key, f"expected integers or ranges like 0,2,5-7; got {value!r}") from None
         if high < low:
             raise ScheduleError(key, f"range {text!r} ends before it starts; got {value!r}")
+        if high >= _CEILING:
+            raise ScheduleError(key, f"{high} is past the largest {key[:-1]} a plan can name ({_CEILING - 1}); "
+                                f"got {value!r}")
         pairs.append((low, high))
     if not pairs or min(low for low, _ in pairs) < 0:
         raise ScheduleError(key, f"needs one or more non-negative integers; got {value!r}")

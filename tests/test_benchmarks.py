@@ -176,7 +176,7 @@ def test_repro_warm_quick_times_a_cold_and_a_forked_repro(tmp_path: Path) -> Non
 def test_invariant_scaling_quick_times_every_check_at_two_sizes_and_counts_passes(tmp_path: Path) -> None:
     """Quick mode (20 and 200 trajectories): a row per check with its CPU time at both sizes, every sample a
     provenance match (the checks ran their full path), and every check going over the records, requests and
-    fault events as many times at 10x the run as at 1x: linear in them, without a timing threshold."""
+    fault events as many times at 10x the run as at 1x: linear in them (the pass count, not a timing threshold)."""
     from bench.invariants import INVARIANTS
 
     result, stdout = _bench("invariant_scaling", tmp_path)

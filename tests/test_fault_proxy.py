@@ -197,7 +197,7 @@ def test_latency_keeps_the_answer(upstream: ServerThread) -> None:
         seen = generate(front.url, ids)
         assert seen.elapsed >= 1.0 and seen.body["output_ids"] == recorded(front.context.store.trajectories[1])[0]
         assert one_event(front, "latency")["change"] == "delayed 1000.0 ms"
-    assert baseline.elapsed < 1.0
+    assert seen.elapsed - baseline.elapsed >= 0.8  # the delay, whatever the machine's load adds to both
 
 
 def test_stall(upstream: ServerThread) -> None:
@@ -505,9 +505,9 @@ def test_every_live_fault_fires_once_and_shows(upstream: ServerThread, spec: str
     elif seen_as == "error":
         assert faulted[3] in ("ServerDisconnectedError", "ClientPayloadError")
     elif seen_as == "time":
-        # the same answer, a whole second later: a loaded machine slows the clean answer too (CI saw 0.47 s), so the
-        # margin is wide enough that only the fault can explain it
-        assert faulted[4] >= 1.0 > clean[4] and faulted[2] == clean[2]
+        # the same answer, a second later than the clean one: compared with it, not with an absolute bound (a loaded
+        # CI machine slows the clean answer too: it saw 0.47 s)
+        assert faulted[4] >= 1.0 and faulted[4] - clean[4] >= 0.8 and faulted[2] == clean[2]
     elif seen_as == "content type":
         assert faulted[1]["Content-Type"] == "application/octet-stream" and faulted[2] == clean[2]
     else:

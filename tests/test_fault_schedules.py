@@ -388,3 +388,8 @@ def test_turn_ranges_cost_their_bounds_not_their_length(text: str, inside: list[
     assert peak < 2**20 and all(t in turns for t in inside) and not any(t in turns for t in outside)
     again = parse_plan(plan_to_toml(plan), "again.toml")
     assert again.rules[0].describe() == plan.rules[0].describe()
+
+
+def test_a_turn_past_any_count_is_refused_naming_the_key() -> None:
+    with pytest.raises(PlanError, match="turns: 99999999999999999999 is past the largest turn"):
+        parse_plan('[[rules]]\nfault = "latency"\nturns = "0-99999999999999999999"\n', "huge.toml")

@@ -62,7 +62,7 @@ def _load(text: str) -> object:
     finally:
         took, (_, peak) = time.monotonic() - started, tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        assert took < 2, f"{took:.1f} s to load:\n{text}"
+        assert took < 10, f"{took:.1f} s to load:\n{text}"  # tracemalloc slows it several-fold; 20,000 rules: 0.6 s
         assert peak < 50 * 2**20, f"{peak / 2**20:.0f} MB to load:\n{text}"
 
 

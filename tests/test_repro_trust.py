@@ -94,3 +94,10 @@ def test_an_interpreter_the_bench_did_not_build_needs_trust(tmp_path: Path) -> N
 def test_an_unknown_module_is_not_trusted() -> None:
     found = target_provenance("no_such_module_anywhere:Target")
     assert not found.trusted and "not found" in found.what
+
+
+def test_an_interpreter_path_climbing_out_of_the_bench_environments_is_not_trusted(tmp_path: Path) -> None:
+    from bench.targets.frameworks.envs import targets_dir
+
+    climbing = targets_dir() / ".." / ".." / ".." / str(tmp_path).lstrip("/") / "bin" / "python"
+    assert not python_provenance(str(climbing)).trusted  # type: ignore[union-attr]

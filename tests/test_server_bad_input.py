@@ -68,6 +68,14 @@ CASES = [  # (name, method, path, raw body, extra headers, status, a piece of th
      b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 100000}', {}, 400, "n must be at most 128"),
     ("completions: n past the limit", "POST", "/v1/completions", b'{"model": "m", "prompt": "hi", "n": 129}', {}, 400,
      "n must be at most 128"),
+    ("generate: a field nested as deep as JSON decodes", "POST", "/generate",
+     b'{"input_ids": [3], "stream": ' + b"[" * 965 + b"]" * 965 + b"}", {}, 400, "bool_type"),
+    ("tokenize: a prompt nested as deep as JSON decodes", "POST", "/tokenize",
+     b'{"prompt": ' + b"[" * 965 + b"]" * 965 + b"}", {}, 400, "string_type"),
+    ("chat: messages nested as deep as JSON decodes", "POST", "/v1/chat/completions",
+     b'{"model": "m", "messages": ' + b"[" * 965 + b"]" * 965 + b"}", {}, 400, "dict_type"),
+    ("generate: n below one", "POST", "/generate", b'{"input_ids": [3, 4], "sampling_params": {"n": -1}}', {}, 400,
+     "n must be at least 1"),
     ("an unknown path", "GET", "/nope", b"", {}, 404, "Not Found"),
     ("a method no route takes", "PATCH", "/health", b"", {}, 405, "Method Not Allowed"),
 ]
@@ -103,3 +111,14 @@ def test_a_per_prompt_option_sent_as_null_takes_its_default(server: ServerThread
     reply = request(server.url, "/generate", {"input_ids": [3, 4, 5], "return_logprob": True,
                                               "logprob_start_len": [None], "top_logprobs_num": [None]})
     assert reply.status == 200 and reply.json()["meta_info"]["input_token_logprobs"] == []
+
+
+def test_an_input_too_deep_to_show_is_named_not_a_recursion_error() -> None:
+    """The validation detail quotes the client's input; one nested past what `repr` walks is named instead."""
+    from bench.server.wire import validation_detail
+
+    deep: list = []
+    for _ in range(20_000):
+        deep = [deep]
+    text = validation_detail("bool_type", ("stream",), "Input should be a valid boolean", deep)
+    assert "'input': '<nested too deep to show>'" in text and "('body', 'stream')" in text

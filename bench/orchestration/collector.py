@@ -21,15 +21,16 @@ YOUNG_THRESHOLD = 10_000  # allocations between young collections (CPython's def
 _lock = threading.Lock()
 _active = 0
 _saved: tuple[int, int, int] | None = None
+_was_frozen = False  # something froze objects before the run: leave them frozen when it ends
 
 
 @contextmanager
 def tuned() -> Iterator[None]:
     """The run's collector settings for the duration of the block (nested or concurrent runs share them)."""
-    global _active, _saved
+    global _active, _saved, _was_frozen
     with _lock:
         if _active == 0:
-            _saved = gc.get_threshold()
+            _saved, _was_frozen = gc.get_threshold(), gc.get_freeze_count() > 0
             gc.set_threshold(max(YOUNG_THRESHOLD, _saved[0]), *_saved[1:])
         _active += 1
     try:
@@ -38,7 +39,8 @@ def tuned() -> Iterator[None]:
         with _lock:
             _active -= 1
             if _active == 0 and _saved is not None:
-                gc.unfreeze()
+                if not _was_frozen:
+                    gc.unfreeze()
                 gc.set_threshold(*_saved)
                 _saved = None
 

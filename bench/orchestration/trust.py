@@ -6,6 +6,7 @@ the terminal and runs only with `--trust-plugin`."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +49,8 @@ def python_provenance(python: str | None) -> Provenance | None:
     """The interpreter a repro names: trusted when it is this one or one of the bench's own environments."""
     if python is None:
         return None
-    path = Path(python).expanduser()
-    ours = path.resolve() == Path(sys.executable).resolve() or _within(path.absolute(), targets_dir().resolve())
+    path = Path(os.path.normpath(Path(python).expanduser().absolute()))  # `..` collapsed, symlinks kept (venvs)
+    ours = path.resolve() == Path(sys.executable).resolve() or _within(path, targets_dir().resolve())
     return Provenance(f"interpreter {python} ({'the bench' + chr(39) + 's' if ours else 'not one the bench built'})",
                       ours)
 

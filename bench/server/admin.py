@@ -25,9 +25,9 @@ _KINDS: dict[str, tuple[tuple[type, ...], str, str]] = {
 
 def _schema_error(kind: str, location: tuple[Any, ...], message: str, value: Any) -> web.HTTPBadRequest:
     """A body of the wrong shape: FastAPI's validation error as SGLang remaps it (400, the pydantic detail)."""
-    detail = [{"type": kind, "loc": ("body", *location), "msg": message, "input": value}]
-    return web.HTTPBadRequest(text=wire.dumps({"object": "error", "message": repr(detail), "type": "Bad Request",
-                                               "param": None, "code": 400}).decode(), content_type=wire.JSON)
+    return web.HTTPBadRequest(text=wire.dumps({"object": "error", "message": wire.validation_detail(
+        kind, location, message, value), "type": "Bad Request", "param": None, "code": 400}).decode(),
+        content_type=wire.JSON)
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -14,33 +14,39 @@ to start sets it, the last to stop restores what was there before.
 from __future__ import annotations
 
 import gc
+import threading
 
 from aiohttp import web
 
 YOUNG_THRESHOLD = 50_000
 
+_lock = threading.Lock()  # servers start and stop on their own threads (ServerThread)
 _serving = 0
 _saved: tuple[int, ...] | None = None
+_was_frozen = False  # something froze objects before us: leave them frozen when we restore
 
 
 async def tune(app: web.Application) -> None:
     """`on_startup`: freeze what is loaded, make young collections rare (once per process)."""
-    global _serving, _saved
-    _serving += 1
-    if _serving == 1:
-        _saved = gc.get_threshold()
-        gc.freeze()
-        gc.set_threshold(max(_saved[0], YOUNG_THRESHOLD), *_saved[1:])
+    global _serving, _saved, _was_frozen
+    with _lock:
+        _serving += 1
+        if _serving == 1:
+            _saved, _was_frozen = gc.get_threshold(), gc.get_freeze_count() > 0
+            gc.freeze()
+            gc.set_threshold(max(_saved[0], YOUNG_THRESHOLD), *_saved[1:])
 
 
 async def restore(app: web.Application) -> None:
     """`on_cleanup`: the last server to stop gives the process its thresholds back and unfreezes."""
     global _serving, _saved
-    _serving -= 1
-    if _serving == 0 and _saved is not None:
-        gc.set_threshold(*_saved)
-        gc.unfreeze()
-        _saved = None
+    with _lock:
+        _serving -= 1
+        if _serving == 0 and _saved is not None:
+            gc.set_threshold(*_saved)
+            if not _was_frozen:
+                gc.unfreeze()
+            _saved = None
 
 
 def tune_while_serving(app: web.Application) -> None:

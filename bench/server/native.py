@@ -33,6 +33,7 @@ _SLOW_PATH_HOPS = 4
 def _iterations_later(count: int) -> asyncio.Future[None]:
     """A future the awaiting task wakes from `count` loop iterations later: a chain of plain callbacks, cheaper than
     `count` task steps of `asyncio.sleep(0)` (the last iteration is the task's own wake-up)."""
+    assert count >= 2, "at least the scheduling hop and the task's own wake-up"
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
 

@@ -57,6 +57,7 @@ class _Plain(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _decode_plain = msgspec.json.Decoder(_Plain).decode
+_KEY_LIMIT = 4096  # bytes of sampling parameters a saved reply may be keyed on
 
 # where the per-request values go in a saved reply; a body holding one of these strings itself is not saved
 RID, VERSION, E2E, SENT_TS = "\x00bench-rid\x00", "\x00bench-version\x00", "\x00bench-e2e\x00", "\x00bench-ts\x00"
@@ -123,6 +124,8 @@ def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: Sampling
     if not ids or body.stream or max(ids) >= vocab_size or min(ids) < 0:  # the slow path refuses those ids
         return None
     key = bytes(body.sampling_params)
+    if len(key) > _KEY_LIMIT:  # the caches key on these bytes: a large one takes the slow path, unsaved
+        return None
     found = cache.params(key, len(ids), profile)
     if found is None:
         return None

@@ -71,8 +71,7 @@ class NativeRequest:
 
 
 def _pydantic_error(kind: str, location: tuple[Any, ...], message: str, value: Any) -> Rejected:
-    detail = [{"type": kind, "loc": ("body", *location), "msg": message, "input": value}]
-    return Rejected(wire.bad_request(repr(detail)))
+    return Rejected(wire.bad_request(wire.validation_detail(kind, location, message, value)))
 
 
 def _expect(value: Any, kinds: tuple[type, ...], location: tuple[Any, ...], name: str) -> None:
@@ -269,6 +268,8 @@ def parse_generate(body: dict[str, Any], profile: SglangProfile, tokenizer: Byte
         check_sampling(sampling, profile)
         rid = _first(body.get("rid"), position, None)
         n = sampling.get("n") or 1
+        if isinstance(n, int) and n < 1:
+            raise ValueRejected(f"n must be at least 1, got {n}.")
         if n > max_n:
             raise ValueRejected(f"n must be at most {max_n} (the bench server's limit, --max-n), got {n}.")
         for copy in range(n):

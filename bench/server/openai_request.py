@@ -76,7 +76,7 @@ class OpenAIRequest:
 
 def _schema(kind: str, location: tuple[Any, ...], message: str, value: Any) -> BadRequest:
     """A pydantic validation error as FastAPI reports it."""
-    return BadRequest(repr([{"type": kind, "loc": ("body", *location), "msg": message, "input": value}]), SCHEMA)
+    return BadRequest(wire.validation_detail(kind, location, message, value), SCHEMA)
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:

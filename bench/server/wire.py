@@ -70,6 +70,17 @@ def value_error(message: str) -> web.Response:
     return json_response({"error": {"message": message}}, 400)
 
 
+def validation_detail(kind: str, location: tuple[Any, ...], message: str, value: Any) -> str:
+    """A pydantic validation error as FastAPI writes it (the repr of its detail list), for every route that reports
+    one. An input nested deeper than `repr` can walk (JSON decodes to about 1,000 levels) is named, not shown."""
+    detail = [{"type": kind, "loc": ("body", *location), "msg": message, "input": value}]
+    try:
+        return repr(detail)
+    except RecursionError:
+        detail[0]["input"] = "<nested too deep to show>"
+        return repr(detail)
+
+
 def bad_request(message: str) -> web.Response:
     """FastAPI's 422 for a body of the wrong shape, as SGLang remaps it."""
     return json_response({"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400},
