@@ -48,9 +48,13 @@ def _kernel(tmp_path: Path) -> KernelManager:
 
 def _execute(tmp_path: Path) -> nbformat.NotebookNode:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(notebook, km=_kernel(tmp_path), timeout=600,
-                            resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell errors
+    kernel = _kernel(tmp_path)
+    client = NotebookClient(notebook, km=kernel, timeout=600, resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    try:
+        client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell errors
+    finally:  # nbclient leaves a kernel it was handed running: the suite would leave one process per test behind
+        if kernel.has_kernel:
+            kernel.shutdown_kernel(now=True)
     return notebook
 
 
