@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 
 def alive(pid: int) -> bool:
@@ -32,3 +33,10 @@ def wait_until_gone(pids: list[int], timeout_s: float) -> list[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
+
+
+def end(process: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """SIGKILL a process the test started if it still runs, and reap it (a test's `finally`)."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from bench import RunConfig, run
-from tests.process_helpers import running, wait_until_gone
+from bench.isolation.escapees import descendants
+from tests.process_helpers import end, running, wait_until_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 TARGET = "tests.hardening_targets:Escapes"
@@ -72,9 +73,7 @@ def test_sigterm_or_sigint_writes_a_report_marked_interrupted_and_leaves_nothing
         cli.send_signal(sig)
         out, err = cli.communicate(timeout=60)
     finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait()
+        end(cli)
     assert _reap(pids) == []
     assert cli.returncode == 128 + sig, err
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
@@ -93,9 +92,7 @@ def test_sigkill_of_the_run_leaves_no_process_even_one_that_called_setsid(tmp_pa
         cli.kill()
         cli.communicate(timeout=30)
     finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait()
+        end(cli)
     assert _reap(pids) == []
     assert list((tmp_path / "tmp").iterdir()) == []  # no worker folder, no job file, no log
 
@@ -123,22 +120,6 @@ def test_a_targets_sys_exit_is_reported_as_systemexit_with_its_code(isolation: s
     assert (result.batch_error.type, result.batch_error.message) == ("SystemExit", "the rollout called sys.exit(3)")
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            children.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(
-                int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
 def _command(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -157,7 +138,7 @@ def test_a_stopped_sweep_ends_its_runs_workers_and_their_escaped_children(tmp_pa
 
     def everything_started() -> list[int] | None:
         """Both runs, each with its worker, the worker's child and the child that called setsid (`sleep 301`)."""
-        found = _descendants(sweep.pid)
+        found = descendants(sweep.pid)
         commands = [_command(pid) for pid in found]
         counts = [sum(marker in c for c in commands) for marker in ("bench.isolation.worker", "sleep 300", "sleep 301")]
         return found if counts == [2, 2, 2] else None
@@ -167,9 +148,7 @@ def test_a_stopped_sweep_ends_its_runs_workers_and_their_escaped_children(tmp_pa
         sweep.send_signal(sig)
         sweep.communicate(timeout=60)
     finally:
-        if sweep.poll() is None:
-            sweep.kill()
-            sweep.wait()
+        end(sweep)
     assert _reap(pids) == []
     if sig != signal.SIGKILL:
         assert sweep.returncode == 128 + sig
@@ -208,9 +187,7 @@ def test_sigkill_of_a_run_forked_from_a_warm_worker_ends_its_escaped_child_too(t
             cli.kill()
             cli.communicate(timeout=30)
         finally:
-            if cli.poll() is None:
-                cli.kill()
-                cli.wait()
+            end(cli)
         assert _reap(pids) == []  # the forked worker, its child, and the child in a session of its own
         assert running(int(ready["pid"]))  # the warm worker serves on
     finally:

@@ -20,7 +20,7 @@ from bench import RunConfig, RunResult, run
 from bench.isolation.process import worker_env
 from bench.isolation.warm_client import RUNTIME_ENV, start_warm
 from bench.synth import synthesize
-from tests.process_helpers import running, wait_until_gone
+from tests.process_helpers import end, running, wait_until_gone
 
 TARGETS = "tests.livelock_targets"
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -150,9 +150,7 @@ def _kill_cli_mid_run(tmp_path: Path, sig: signal.Signals) -> tuple[subprocess.P
         cli.send_signal(sig)
         cli.wait(timeout=30)
     finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait()
+        end(cli)
     return cli, worker, child, parent
 
 

@@ -58,3 +58,20 @@ def kill_marked(variable: str, value: str | None, passes: int = 5) -> list[int]:
             except (ProcessLookupError, PermissionError):
                 pass
     return killed
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from bench import __version__
 from bench.invariants import INVARIANTS
-from bench.isolation.escapees import SWEEP_MARKER, kill_marked, new_marker
+from bench.isolation.escapees import SWEEP_MARKER, descendants, kill_marked, new_marker
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan
 
@@ -108,26 +108,9 @@ def run_command(point: GridPoint, plan_file: Path, folder: Path, options: SweepO
     return command + list(options.run_args)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (from /proc; empty where there is none)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL a run's session and every process below it, including workers in sessions of their own."""
-    below = _descendants(pid)
+    below = descendants(pid)
     own = os.getpgid(0)
     for target in [pid, *below]:
         try:
