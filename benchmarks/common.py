@@ -83,6 +83,23 @@ def pin_to(core: int | None) -> int | None:
     return core
 
 
+def start_pinned(args: Any) -> tuple[dict[str, Any], int | None, int | None, dict[str, Any]]:
+    """What a benchmark of servers pinned to one core does first: pick the servers' core and pin this process (the load
+    generator) to another (`args.server_core`, `args.client_core`: indices among the usable cores), warn when they
+    are the same, and print the machine and the parameters. (machine, server core, client core, parameters)."""
+    info = machine()
+    cores = usable_cores()
+    server_core, client_core = pick_core(args.server_core, cores), pin_to(pick_core(args.client_core, cores))
+    if server_core == client_core:
+        print(f"warning: only core {server_core} is usable: the load generator shares it with the servers, "
+              "so the rates below are not the servers' alone", file=sys.stderr)
+    parameters = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    print(f"machine: {info['cores']} cores ({info['usable_cores']} usable), {info['cpu']}, Python {info['python']}, "
+          f"{info['date']}, load average {os.getloadavg()[0]:.2f}")
+    print("parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
+    return info, server_core, client_core, parameters
+
+
 def interleaved(kinds: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
     """(round, kind): every kind once per round, the order rotated by one each round, so a change on the
     machine during the run (another job starting) spreads over all kinds instead of landing on one."""

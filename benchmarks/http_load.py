@@ -156,6 +156,23 @@ class Load:
         await asyncio.sleep(0.05)
 
 
+def measure_rounds(host: str, servers: dict[str, tuple[int, Callable[[], float]]], kinds: Sequence[str],
+                   requests: Sequence[bytes], args: Any, interleave: Callable[[Sequence[str], int], Any]
+                   ) -> dict[str, list[dict[str, Any]]]:
+    """`args.rounds` interleaved rounds of one `measure` window per server (`servers`: kind -> (port, its CPU
+    seconds)), each printed as it ends; the windows per kind."""
+    windows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    width = max(len(kind) for kind in kinds)
+    for round_index, kind in interleave(kinds, args.rounds):
+        port, cpu = servers[kind]
+        window = asyncio.run(measure(host, port, requests, args.concurrency, args.warmup, args.seconds, cpu))
+        windows[kind].append(window)
+        print(f"  round {round_index + 1} {kind:<{width}} {window['requests_per_s']:8.0f} req/s, "
+              f"server CPU {window['server_cpu_share']:.2f}, load generator CPU {window['client_cpu_share']:.2f}",
+              flush=True)
+    return windows
+
+
 async def measure(host: str, port: int, requests: Sequence[bytes], concurrency: int, warmup_s: float, seconds: float,
                   server_cpu_s: Callable[[], float]) -> dict[str, Any]:
     """One window: warm up, then count answers, the server's CPU time (`server_cpu_s()` read before and after)

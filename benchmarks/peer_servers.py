@@ -31,7 +31,6 @@ with tiktoken, which fetches an OpenAI model's encoding from the network on firs
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -39,7 +38,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -52,18 +50,15 @@ from typing import Any
 from .common import (
     DEFAULT_OUT,
     interleaved,
-    machine,
     median,
-    pick_core,
-    pin_to,
     print_table,
+    start_pinned,
     process_tree,
     process_tree_cpu_s,
     spread,
-    usable_cores,
     write_results,
 )
-from .http_load import measure, raw_request
+from .http_load import measure_rounds, raw_request
 from .server_throughput import ServerProcess, check_identified
 from .throughput_servers import TRAJECTORY_HEADER
 
@@ -350,16 +345,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    info = machine()
-    cores = usable_cores()
-    server_core, client_core = pick_core(args.server_core, cores), pin_to(pick_core(args.client_core, cores))
-    if server_core == client_core:
-        print(f"warning: only core {server_core} is usable: the load generator shares it with the servers, "
-              "so the rates below are not the servers' alone", file=sys.stderr)
-    parameters = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    print(f"machine: {info['cores']} cores ({info['usable_cores']} usable), {info['cpu']}, Python {info['python']}, "
-          f"{info['date']}, load average {os.getloadavg()[0]:.2f}")
-    print("parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
+    info, server_core, client_core, parameters = start_pinned(args)
     requests = chat_requests(args.trace, args.requests)
     raws = [raw_request(HOST, 0, CHAT, body, {TRAJECTORY_HEADER: trajectory}) for trajectory, body in requests]
     sample = raws[:3]  # what each server's replies are checked on
@@ -428,15 +414,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(turn 0 of {args.trace}'s trajectories), bench replies of {bench_body_bytes:.0f} bytes (median); the "
               f"peers answer {fixed_trajectory}'s text; measuring {', '.join(measured)}"
               + (f"; not measured: {', '.join(f'{k} ({v})' for k, v in unavailable.items())}" if unavailable else ""))
-        windows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in measured}
-        for round_index, kind in interleaved(measured, args.rounds):
-            server = servers[kind]
-            cpu = server.cpu_s if isinstance(server, PeerProcess) else (lambda: process_tree_cpu_s(server.pid))
-            window = asyncio.run(measure(HOST, server.port, raws, args.concurrency, args.warmup, args.seconds, cpu))
-            windows[kind].append(window)
-            print(f"  round {round_index + 1} {kind:<14} {window['requests_per_s']:8.0f} req/s, "
-                  f"server CPU {window['server_cpu_share']:.2f}, load generator CPU {window['client_cpu_share']:.2f}",
-                  flush=True)
+        windows = measure_rounds(HOST, {kind: (servers[kind].port, _cpu_of(servers[kind])) for kind in measured},
+                                 measured, raws, args, interleaved)
         identified = check_identified(servers["bench-chat"], CHAT)
         log_lines = {kind: s.log_lines() for kind, s in servers.items() if isinstance(s, PeerProcess)}
     finally:
@@ -487,6 +466,11 @@ def main(argv: list[str] | None = None) -> int:
     json_path, csv_path = write_results(args.out, "peer_servers", payload, rows)
     print(f"wrote {json_path} and {csv_path}")
     return 0 if bench_check["equal_modulo_volatile"] and identified["identified"] == identified["requests"] else 1
+
+
+def _cpu_of(server: Any) -> Any:
+    """A server's CPU seconds: a peer's own accounting (its reloader and worker), else its process tree's."""
+    return server.cpu_s if isinstance(server, PeerProcess) else (lambda: process_tree_cpu_s(server.pid))
 
 
 def _peer_kinds(args: argparse.Namespace) -> list[str]:

@@ -20,7 +20,6 @@ token, stall): with a closed-loop client their sleeps, not the server's work, wo
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -38,16 +37,13 @@ from typing import Any
 from .common import (
     DEFAULT_OUT,
     interleaved,
-    machine,
     median,
-    pick_core,
-    pin_to,
     print_table,
+    start_pinned,
     process_cpu_s,
-    usable_cores,
     write_results,
 )
-from .http_load import measure, raw_request
+from .http_load import measure_rounds, raw_request
 from .throughput_servers import KINDS, TRAJECTORY_HEADER
 
 HOST = "127.0.0.1"
@@ -160,16 +156,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    info = machine()
-    cores = usable_cores()
-    server_core, client_core = pick_core(args.server_core, cores), pin_to(pick_core(args.client_core, cores))
-    if server_core == client_core:
-        print(f"warning: only core {server_core} is usable: the load generator shares it with the servers, "
-              "so the rates below are not the servers' alone", file=sys.stderr)
-    parameters = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    print(f"machine: {info['cores']} cores ({info['usable_cores']} usable), {info['cpu']}, Python {info['python']}, "
-          f"{info['date']}")
-    print("parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
+    info, server_core, client_core, parameters = start_pinned(args)
     requests = trace_requests(args.trace, args.requests)
     raw = [raw_request(HOST, 0, "/generate", body, {TRAJECTORY_HEADER: trajectory}) for trajectory, body in requests]
     without = ["--without", args.without]
@@ -191,15 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             servers[kind].wait_ready()
         print(f"servers on core {servers['bench'].core}, load generator on core {client_core}; "
               f"{len(requests)} distinct requests from {args.trace}, replies of {reply_bytes:.0f} bytes (median)")
-        windows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
-        for round_index, kind in interleaved(KINDS, args.rounds):
-            server = servers[kind]
-            window = asyncio.run(measure(HOST, server.port, raw, args.concurrency, args.warmup, args.seconds,
-                                         lambda: process_cpu_s(server.pid)))
-            windows[kind].append(window)
-            print(f"  round {round_index + 1} {kind:<10} {window['requests_per_s']:8.0f} req/s, "
-                  f"server CPU {window['server_cpu_share']:.2f}, client CPU {window['client_cpu_share']:.2f}",
-                  flush=True)
+        windows = measure_rounds(HOST, {kind: (s.port, _cpu_of(s.pid)) for kind, s in servers.items()}, KINDS, raw,
+                                 args, interleaved)
         identified = {kind: check_identified(servers[kind]) for kind in ("bench", "bench-plan")}
         faults = servers["bench-plan"].get("/bench/faults")["events"]
         plan_text = servers["bench-plan"].get("/bench/plan")
@@ -231,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     json_path, csv_path = write_results(args.out, "server_throughput", payload, rows)
     print(f"wrote {json_path} and {csv_path}")
     return 0
+
+
+def _cpu_of(pid: int) -> Any:
+    return lambda: process_cpu_s(pid)
 
 
 def _rows(windows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
