@@ -3,6 +3,7 @@ and its files."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -81,6 +82,32 @@ def pin_to(core: int | None) -> int | None:
         return None
     os.sched_setaffinity(0, {core})
     return core
+
+
+def add_window_arguments(parser: argparse.ArgumentParser, servers: str) -> None:
+    """The measurement windows of a pinned server benchmark: their length, rounds (of `servers`), connections,
+    warm-up."""
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per window (5)")
+    parser.add_argument("--rounds", type=int, default=3, help=f"interleaved rounds of {servers} (3)")
+    parser.add_argument("--concurrency", type=int, default=64, help="keep-alive connections (64)")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before each window (0.5)")
+
+
+def add_pinning_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the servers and the load generator run, where results go, and the smoke mode tests use."""
+    parser.add_argument("--server-core", type=int, default=0, help="index among the usable cores for the servers (0)")
+    parser.add_argument("--client-core", type=int, default=1,
+                        help="index among the usable cores for the load generator (1)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder ({DEFAULT_OUT})")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 0.3 s windows")
+
+
+def check_window_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`--quick` applied, and the window arguments in range (a parser error naming them otherwise)."""
+    if args.quick:
+        args.seconds, args.rounds, args.warmup = 0.3, 1, 0.1
+    if args.seconds <= 0 or args.rounds < 1 or args.concurrency < 1 or args.warmup < 0:
+        parser.error("--seconds and --concurrency must be > 0, --rounds >= 1, --warmup >= 0")
 
 
 def start_pinned(args: Any) -> tuple[dict[str, Any], int | None, int | None, dict[str, Any]]:

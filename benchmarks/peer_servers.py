@@ -48,7 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from .common import (
-    DEFAULT_OUT,
+    add_pinning_arguments,
+    add_window_arguments,
+    check_window_arguments,
     interleaved,
     median,
     print_table,
@@ -310,10 +312,7 @@ def peer_info(venv: Path, name: str) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peer_servers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per window (5)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of all servers (3)")
-    parser.add_argument("--concurrency", type=int, default=64, help="keep-alive connections (64)")
-    parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before each window (0.5)")
+    add_window_arguments(parser, "all servers")
     parser.add_argument("--trace", default="rlvr-500", help="trace whose chat request is sent (rlvr-500)")
     parser.add_argument("--requests", type=int, help="use only the first N trajectories (default all)")
     parser.add_argument("--checks", type=int, default=3,
@@ -323,16 +322,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "quiet (no access log, no reloader), or both (default,quiet)")
     parser.add_argument("--peers-dir", type=Path, default=DEFAULT_PEERS_DIR,
                         help=f"where `make bench-peers` built one virtualenv per peer ({DEFAULT_PEERS_DIR})")
-    parser.add_argument("--server-core", type=int, default=0, help="index among the usable cores for the servers (0)")
-    parser.add_argument("--client-core", type=int, default=1,
-                        help="index among the usable cores for the load generator (1)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder ({DEFAULT_OUT})")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 0.3 s windows")
+    add_pinning_arguments(parser)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.seconds, args.rounds, args.warmup = 0.3, 1, 0.1
-    if args.seconds <= 0 or args.rounds < 1 or args.concurrency < 1 or args.warmup < 0 or args.checks < 2:
-        parser.error("--seconds and --concurrency must be > 0, --rounds >= 1, --warmup >= 0, --checks >= 2")
+    check_window_arguments(parser, args)
+    if args.checks < 2:
+        parser.error("--checks must be >= 2")
     args.peers = [p for p in args.peers.split(",") if p]
     unknown = sorted(set(args.peers) - set(PEERS))
     if unknown:

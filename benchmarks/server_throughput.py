@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from .common import (
-    DEFAULT_OUT,
+    add_pinning_arguments,
+    add_window_arguments,
+    check_window_arguments,
     interleaved,
     median,
     print_table,
@@ -132,25 +134,15 @@ def check_identified(server: ServerProcess, endpoint: str = "/generate") -> dict
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.server_throughput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per window (5)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the four servers (3)")
-    parser.add_argument("--concurrency", type=int, default=64, help="keep-alive connections (64)")
-    parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before each window (0.5)")
+    add_window_arguments(parser, "the four servers")
     parser.add_argument("--trace", default="rlvr-500", help="trace whose prompts are sent (rlvr-500)")
     parser.add_argument("--requests", type=int, help="use only the first N trajectories (default all)")
     parser.add_argument("--plan", default="chaos", help="fault plan of bench-plan (chaos)")
     parser.add_argument("--without", default=WAITING_FAULTS,
                         help=f"fault types left out of the plan (default {WAITING_FAULTS}; '' keeps all)")
-    parser.add_argument("--server-core", type=int, default=0, help="index among the usable cores for the servers (0)")
-    parser.add_argument("--client-core", type=int, default=1,
-                        help="index among the usable cores for the load generator (1)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder ({DEFAULT_OUT})")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 0.3 s windows")
+    add_pinning_arguments(parser)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.seconds, args.rounds, args.warmup = 0.3, 1, 0.1
-    if args.seconds <= 0 or args.rounds < 1 or args.concurrency < 1 or args.warmup < 0:
-        parser.error("--seconds and --concurrency must be > 0, --rounds >= 1, --warmup >= 0")
+    check_window_arguments(parser, args)
     return args
 
 
