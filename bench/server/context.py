@@ -19,6 +19,7 @@ from faults.engine import Decision
 
 from .limits import Limits
 from .native_fast import ReplyCache
+from .openai_fast import ChatReplies
 from .profiles import SglangProfile
 from .state import ServerState
 
@@ -63,6 +64,7 @@ class ServerContext:
         self.served = ServedTokens()  # what each identified request was served, token by token
         self.faults = FaultEngine(plan)
         self.replies = ReplyCache()  # the fast path's saved replies (`native_fast`)
+        self.chat_replies = ChatReplies()  # the chat route's (`openai_fast`)
         self.fast_path = True  # False: every request takes the slow path (tests compare the two)
         self.url = ""
 

@@ -112,14 +112,18 @@ class OpenAIFormatter:
         for index, call in enumerate(settled.tool_calls):
             function = {"name": call["name"], "arguments": call["arguments"]}
             if self.vllm:
-                entry: dict[str, Any] = {"id": f"chatcmpl-tool-{secrets.token_hex(16)}", "type": "function"}
+                entry: dict[str, Any] = {"id": self._tool_call_id(), "type": "function"}
                 if delta:
                     entry["index"] = index
             else:
-                entry = {"id": f"call_{secrets.token_hex(12)}", "index": index, "type": "function"}
+                entry = {"id": self._tool_call_id(), "index": index, "type": "function"}
             entry["function"] = function
             calls.append(entry)
         return calls
+
+    def _tool_call_id(self) -> str:
+        """A new tool call's id (random per answer, as the servers make them)."""
+        return tool_call_id(self.vllm)
 
     def _envelope(self, kind: str, choices: list[Any]) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
@@ -310,6 +314,11 @@ class OpenAIFormatter:
                       "finish_reason": settled.finish_reason(self.flavor), "matched_stop": settled.matched_stop()}
             chunks.append(self._envelope("chat.completion.chunk", [choice]) | {"usage": None})
         return chunks
+
+
+def tool_call_id(vllm: bool) -> str:
+    """vLLM's `chatcmpl-tool-<32 hex>` or SGLang's `call_<24 hex>`."""
+    return f"chatcmpl-tool-{secrets.token_hex(16)}" if vllm else f"call_{secrets.token_hex(12)}"
 
 
 def _sglang_delta(role: str | None = None, content: str | None = None,

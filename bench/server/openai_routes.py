@@ -18,25 +18,34 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from aiohttp import web
 
 from bench.records.attribution import TRAJECTORY_HEADER
-from bench.replay import Generation, context_error
+from bench.records.request_log import RequestRecord
+from bench.replay import Generation, Identity, build_generation, context_error
 from bench.tokenizer import ByteBPETokenizer
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Replacement, Rule, forced_rules
+from faults.engine import Decision
 
 from . import transport, wire
 from .context import Planned, ServerContext, context_of
+from .native import _iterations_later
 from .openai_answer import settle
+from .openai_fast import ChatReply, FastChat, make_reply
 from .openai_format import OpenAIFormatter
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate
 from .openai_stream import play_choice, stream_choices, wire_faults
-from .playback import Choice, identified, new_record, reject, upstream_failed
+from .playback import Choice, identified, identified_as, new_record, play, played_at_once, reject, upstream_failed
 
 Parser = Callable[[dict[str, Any], str, ByteBPETokenizer], OpenAIRequest]
 _PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "generate": "generate-tokens-"}
+# The slow path answers a plain chat request 4 event-loop iterations after its handler first runs (the choice's task
+# is created; it yields once in `play_choice`; its result reaches `gather`; `gather` wakes the handler). The fast path
+# waits as many, so concurrent requests complete in the same order as they did (tests/test_chat_fast_path.py counts).
+_CHAT_SLOW_PATH_HOPS = 4
 
 
 class _Refused(Exception):
@@ -74,15 +83,16 @@ def _faults_answer(parsed: OpenAIRequest, exchange: Exchange) -> None:
         raise _Faulted(None)
 
 
-def _check(ctx: ServerContext, parsed: OpenAIRequest, ids: list[int], generation: Generation, rid: str,
+def _check(ctx: ServerContext, parsed: OpenAIRequest, ids: list[int], generation: Generation, rid: str | None,
            context_length: int) -> None:
-    """The server's checks that need the identified answer; raise `_Refused`."""
+    """The server's checks that need the identified answer; raise `_Refused` (`rid` None: all but the duplicate
+    request id, which depends on what is in flight)."""
     config, flavor, asked = ctx.config, ctx.config.openai_flavor, parsed.sampling.max_tokens
     if flavor == "sglang":
         problem = context_error(len(ids), asked or 0, context_length, legacy=config.profile.legacy_context_check)
         if problem is not None:
             raise _Refused(problem, in_band=parsed.stream)
-        if parsed.client_id is not None and rid in ctx.state.inflight:
+        if parsed.client_id is not None and rid is not None and rid in ctx.state.inflight:
             raise _Refused(f"Duplicate request ID detected: {rid}", in_band=parsed.stream)
     else:
         requested = asked if asked is not None else max(0, context_length - len(ids))
@@ -115,20 +125,29 @@ def _choices(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, ba
             identified(ctx, record, generation, ids)
             exchange = ctx.exchange(generation, api="openai", endpoint=request.path, stream=parsed.stream, rid=rid,
                                     forced=forced, decision=planned.decision if planned else None)
-            try:
-                _faults_answer(parsed, exchange)
-                if ctx.upstream is None or exchange.refusal_context is not None:  # else the engine checked its own
-                    _check(ctx, parsed, ids, generation, rid, exchange.refusal_context or ctx.config.context_length)
-            except (_Refused, _Faulted) as stop:
-                status = 200 if isinstance(stop, _Refused) and stop.in_band else stop.status
-                for choice in [*choices, Choice(len(choices), ids, generation, rid, record)]:
-                    _refused(ctx, choice, status, str(stop), arrived)  # identified, never played
-                for later in (live[1][len(choices) + 1:] if live else ()):  # placed upstream-side, never answered
-                    ctx.identifier.record_outcome(later.identity, succeeded=False)
-                raise
-            choices.append(Choice(len(choices), ids, generation, rid, record, exchange, parsed.logprobs))
+            later = live[1][len(choices) + 1:] if live else ()  # placed upstream-side, never answered on a refusal
+            choices.append(_admitted(ctx, parsed, ids, rid, record, exchange, arrived, choices, later))
             exchanges.append(exchange)
     return choices, exchanges
+
+
+def _admitted(ctx: ServerContext, parsed: OpenAIRequest, ids: list[int], rid: str, record: RequestRecord,
+              exchange: Exchange, arrived: float, earlier: list[Choice], later: Sequence[Planned] = ()) -> Choice:
+    """A choice after the fault plan had its say: answered by a fault or refused by the server's checks (raising
+    `_Refused` or `_Faulted`, with it and the `earlier` choices logged as never played), else ready to play."""
+    generation = exchange.generation
+    try:
+        _faults_answer(parsed, exchange)
+        if ctx.upstream is None or exchange.refusal_context is not None:  # else the engine checked its own
+            _check(ctx, parsed, ids, generation, rid, exchange.refusal_context or ctx.config.context_length)
+    except (_Refused, _Faulted) as stop:
+        status = 200 if isinstance(stop, _Refused) and stop.in_band else stop.status
+        for choice in [*earlier, Choice(len(earlier), ids, generation, rid, record)]:
+            _refused(ctx, choice, status, str(stop), arrived)  # identified, never played
+        for planned in later:
+            ctx.identifier.record_outcome(planned.identity, succeeded=False)
+        raise
+    return Choice(len(earlier), ids, generation, rid, record, exchange, parsed.logprobs)
 
 
 def _refused(ctx: ServerContext, choice: Choice, status: int | None, error: str, arrived: float) -> None:
@@ -186,9 +205,15 @@ async def _wait_before_answer(ctx: ServerContext, choices: list[Choice], exchang
 async def _serve(request: web.Request, kind: str, parser: Parser) -> web.StreamResponse:
     ctx, arrived = context_of(request), time.time()
     flavor = ctx.config.openai_flavor
+    fast: FastChat | None = None
     try:
         forced = _forced(request)
-        parsed = parser(decode_body(await request.read()), flavor, ctx.tokenizer)
+        raw = await request.read()
+        if kind == "chat" and ctx.fast_path and ctx.upstream is None and not forced:
+            fast = ctx.chat_replies.parse(raw, flavor, ctx.tokenizer, ctx.config.context_length)
+            parsed = fast.parsed
+        else:
+            parsed = parser(decode_body(raw), flavor, ctx.tokenizer)
         if parsed.sampling.n > ctx.limits.max_n:
             raise BadRequest(f"n must be at most {ctx.limits.max_n} (the bench server's limit, --max-n), "
                              f"got {parsed.sampling.n}.", param="n")
@@ -203,6 +228,8 @@ async def _serve(request: web.Request, kind: str, parser: Parser) -> web.StreamR
             return ctx.upstream.pass_through(fetched)
         reject(ctx, new_record(ctx, request.path, arrived), 400, error.message, arrived)
         return wire.openai_error(flavor, error.message, 400, error.err_type, error.param)
+    if fast is not None and fast.eligible:
+        return await _chat_fast(request, ctx, fast, arrived)
     base_id = parsed.client_id or wire.fresh_id()
     live = None
     if ctx.upstream is not None:
@@ -211,20 +238,94 @@ async def _serve(request: web.Request, kind: str, parser: Parser) -> web.StreamR
             return live
     try:
         choices, exchanges = _choices(ctx, request, parsed, base_id, arrived, forced, live)
-    except _Refused as refused:
-        if refused.in_band:
-            return await _refuse_in_band(request, flavor, refused)
-        return wire.openai_error(flavor, refused.message, refused.status, param=refused.param)
-    except _Faulted as faulted:
-        if faulted.replacement is not None:
-            return transport.replacement_response(faulted.replacement)
-        return transport.drop_connection(request)
+    except (_Refused, _Faulted) as stop:
+        return await _stopped(request, flavor, stop)
+    return await _answer(request, ctx, parsed, kind, base_id, choices, exchanges, arrived)
+
+
+async def _stopped(request: web.Request, flavor: str, stop: _Refused | _Faulted) -> web.StreamResponse:
+    """The answer to a request a refusal or a fault stopped before any choice played."""
+    if isinstance(stop, _Refused):
+        if stop.in_band:
+            return await _refuse_in_band(request, flavor, stop)
+        return wire.openai_error(flavor, stop.message, stop.status, param=stop.param)
+    if stop.replacement is not None:
+        return transport.replacement_response(stop.replacement)
+    return transport.drop_connection(request)
+
+
+async def _answer(request: web.Request, ctx: ServerContext, parsed: OpenAIRequest, kind: str, base_id: str,
+                  choices: list[Choice], exchanges: list[Exchange], arrived: float) -> web.StreamResponse:
+    """The slow path's answer to admitted choices: waits, then a body or a stream."""
     await _wait_before_answer(ctx, choices, exchanges)
+    flavor = ctx.config.openai_flavor
     response_id = base_id if flavor == "sglang" and kind != "generate" else _PREFIX[kind] + base_id
     formatter = OpenAIFormatter(flavor, parsed, ctx.tokenizer, ctx.config.model_name, response_id)
     if parsed.stream:
         return await stream_choices(request, ctx, parsed, choices, exchanges, formatter, arrived)
     return await _whole(request, ctx, parsed, choices, exchanges, formatter, arrived)
+
+
+async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, arrived: float) -> web.StreamResponse:
+    """One plain chat request (`openai_fast`): identified, decided, logged and played as on the slow path, its answer
+    spliced into a saved reply. A fault firing, a request that is not a recorded turn, or a turn the server refuses
+    (context length, a duplicate rid, a recorded error) continues on the slow path from where this one is."""
+    parsed, flavor, path = fast.parsed, ctx.config.openai_flavor, request.path
+    base_id = parsed.client_id or wire.fresh_id()
+    rid = base_id
+    vllm = flavor != "sglang"
+    if vllm and rid in ctx.state.inflight:  # a client-chosen request_id already running: keep both apart
+        rid = wire.fresh_id()
+    identity = ctx.identifier.identify(fast.packed, request.headers.get(TRAJECTORY_HEADER))
+    ctx.faults.observe(identity.trajectory, fast.packed, ctx.tokenizer)  # did it act on an earlier faulted answer?
+    decision = ctx.decide(identity, path)
+    reply = None
+    if (identity.drift is None and not identity.resume and identity.turn is not None
+            and (decision is None or not any("openai" in rule.fault.apis for rule in decision.rules))
+            and (vllm or parsed.client_id is None or rid not in ctx.state.inflight)):
+        key = (identity.trajectory, identity.turn, fast)
+        reply = ctx.chat_replies.get(key)
+        if reply is False:
+            reply = _new_chat_reply(ctx, identity, fast)
+            if fast.kept:  # else no later request can name it
+                ctx.chat_replies.put(key, reply)
+    record = new_record(ctx, path, arrived, rid=rid, stream=False, prompt_tokens=len(fast.ids), request=request)
+    identified_as(ctx, record, identity, fast.packed, reply.prompt_digest if reply else None)
+    if reply is None:  # the slow path, from here on
+        generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer,
+                                      seed_bytes=fast.packed)
+        exchange = ctx.exchange(generation, api="openai", endpoint=path, stream=False, rid=rid,
+                                decision=decision or Decision((), ctx.target(identity, path)))
+        try:
+            choice = _admitted(ctx, parsed, fast.ids, rid, record, exchange, arrived, [])
+        except (_Refused, _Faulted) as stop:
+            return await _stopped(request, flavor, stop)
+        return await _answer(request, ctx, parsed, "chat", base_id, [choice], [exchange], arrived)
+    await _iterations_later(_CHAT_SLOW_PATH_HOPS)  # answered as many loop iterations after arriving as on the slow path
+    response_id = base_id if not vllm else _PREFIX["chat"] + base_id
+    if not (reply.instant and played_at_once(ctx, record, identity, rid, fast.ids, reply.served, reply.finish,
+                                             arrived)):
+        generation = reply.generation_for(identity)
+        played = await play(ctx, Choice(0, fast.ids, generation, rid, record, None, parsed.logprobs, reply.served),
+                            arrived)
+        if played.aborted:
+            settled = settle(generation, played.count, True, parsed, ctx.tokenizer)
+            formatter = OpenAIFormatter(flavor, parsed, ctx.tokenizer, ctx.config.model_name, response_id)
+            body = formatter.chat_body(fast.ids, [settled], ctx.state.weight_version)
+            return web.Response(body=transport.encode(body, None), content_type=wire.JSON)
+    return web.Response(body=reply.body(response_id, ctx.state.weight_version), content_type=wire.JSON)
+
+
+def _new_chat_reply(ctx: ServerContext, identity: Identity, fast: FastChat) -> ChatReply | None:
+    """The saved reply for a plain chat request's turn, or None when the slow path must answer it (the server refuses
+    the turn: its context-length check, a recorded error)."""
+    generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=fast.packed)
+    try:
+        _check(ctx, fast.parsed, fast.ids, generation, None, ctx.config.context_length)
+    except _Refused:
+        return None
+    return make_reply(generation, fast, ctx.config.openai_flavor, ctx.tokenizer, ctx.config.model_name,
+                      ctx.config.time_scale, ctx.chat_replies)
 
 
 async def _upstream_answers(ctx: ServerContext, request: web.Request, parsed: OpenAIRequest, arrived: float,
