@@ -30,7 +30,7 @@ from bench.replay import GenerateParams, Generation, Identity, pack
 from bench.tokenizer import ByteBPETokenizer
 
 from . import transport
-from .openai_answer import Settled, clamp, settle
+from .openai_answer import SENTINEL, Settled, clamp, settle
 from .openai_format import Entries, OpenAIFormatter, tool_call_id
 from .openai_request import OpenAIRequest, decode_body, parse_chat
 
@@ -73,23 +73,31 @@ class EntryTemplates:
 
     def content(self, entries: Entries) -> bytes:
         """The JSON array `chat_logprobs` would give as `content` for these (logprob, token id) entries."""
-        if self._vllm:
-            values = _encode([clamp(lp) for lp, _ in entries])
-        else:
-            values = _encode([lp for lp, _ in entries])
-        encoded = values[1:-1].split(b",") if entries else []
+        logprobs = [lp for lp, _ in entries]
+        tokens = [token for _, token in entries]
+        around = self._around
+        for token in set(tokens).difference(around):
+            around[token] = self._template(token)
+        pieces = [around[token] for token in tokens]
+        if (self._vllm and None in logprobs) or None in pieces:  # a rarer form of entry in the answer
+            return self._content_by_entry(entries)
+        if self._vllm:  # `clamp`, inline: max(lp, SENTINEL) keeps lp unless SENTINEL is greater (NaN stays)
+            logprobs = [SENTINEL if SENTINEL > lp else lp for lp in logprobs]
+        encoded = _encode(logprobs)[1:-1].split(b",") if logprobs else []
+        return b"[" + b",".join(map(bytes.join, encoded, pieces)) + b"]"
+
+    def _content_by_entry(self, entries: Entries) -> bytes:
+        """`content`, entry by entry: vLLM's entry for a missing logprob, a token whose text holds the marker."""
         parts = []
-        around, none = self._around, self._none
-        for (logprob, token), value in zip(entries, encoded):
+        for logprob, token in entries:
             if logprob is None and self._vllm:
-                part = none.get(token)
+                part = self._none.get(token)
                 if part is None:
-                    part = none[token] = _encode(self._entry(token, None))
+                    part = self._none[token] = _encode(self._entry(token, None))
                 parts.append(part)
                 continue
-            pieces = around.get(token, False)
-            if pieces is False:
-                pieces = around[token] = self._template(token)
+            pieces = self._around.get(token)
+            value = _encode(clamp(logprob) if self._vllm else logprob)
             parts.append(_encode(self._entry(token, logprob)) if pieces is None else value.join(pieces))
         return b"[" + b",".join(parts) + b"]"
 

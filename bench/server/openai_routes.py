@@ -188,7 +188,8 @@ async def _whole(request: web.Request, ctx: ServerContext, parsed: OpenAIRequest
 
 def _forced(request: web.Request) -> tuple[Rule, ...]:
     """The faults an `X-Bench-Fault` header forces (`forced_rules` refuses client-side ones)."""
-    return forced_rules(request.headers.get(FAULT_HEADER, ""))
+    header = request.headers.get(FAULT_HEADER)
+    return forced_rules(header) if header else ()
 
 
 async def _wait_before_answer(ctx: ServerContext, choices: list[Choice], exchanges: list[Exchange]) -> None:
