@@ -39,6 +39,7 @@ from .openai_format import OpenAIFormatter
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate
 from .openai_stream import play_choice, stream_choices, wire_faults
 from .playback import Choice, identified, identified_as, new_record, play, played_at_once, reject, upstream_failed
+from .served import SERVED_KEY
 
 Parser = Callable[[dict[str, Any], str, ByteBPETokenizer], OpenAIRequest]
 _PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "generate": "generate-tokens-"}
@@ -290,7 +291,8 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
             reply = _new_chat_reply(ctx, identity, fast)
             if fast.kept:  # else no later request can name it
                 ctx.chat_replies.put(key, reply)
-    record = new_record(ctx, path, arrived, rid=rid, stream=False, prompt_tokens=len(fast.ids), request=request)
+    record = new_record(ctx, path, arrived, rid=rid, stream=False, prompt_tokens=len(fast.ids))
+    request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
     identified_as(ctx, record, identity, fast.packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer,
