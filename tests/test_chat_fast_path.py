@@ -325,3 +325,29 @@ def test_entry_templates_give_the_formatters_entries_for_every_token(flavor: str
                        for i, token in enumerate(range(start, min(start + 97, tokenizer.vocab_size)))]
             got = templates.content(entries)
             assert got == wire.dumps([formatter._chat_entry(t, lp) for lp, t in entries]), (options, start)
+
+
+def test_over_http_the_fast_answer_has_the_slow_answers_headers() -> None:
+    """Through a real server: status, content type and the served headers (trajectory, turn, attempt, request id) the
+    worker attributes answers by are the slow path's, body aside from its ids and time."""
+    import urllib.request
+
+    from bench.server import ServerThread
+
+    with ServerThread("agentic-500") as server:
+        trajectory = server.context.store.trajectories[0]
+        body = json.dumps({"model": "m", "messages": trajectory.prompt_messages, "tools": trajectory.prompt_tools,
+                           "logprobs": True, "request_id": "client-1"}).encode()
+        answers = []
+        for fast in (True, True, False):
+            server.context.fast_path = fast
+            request = urllib.request.Request(server.url + CHAT, data=body, method="POST", headers={
+                "Content-Type": "application/json", "X-Bench-Trajectory": trajectory.id})
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                headers = {k.lower(): v for k, v in reply.headers.items() if k.lower().startswith("x-bench")}
+                headers.pop("x-bench-served-attempt", None)  # the attempt counts up: compared below
+                answers.append((reply.status, reply.headers.get("Content-Type"), headers, _normal(reply.read())))
+        assert answers[0] == answers[1] == answers[2]
+        assert answers[0][2], "the answer names what it served"
+        assert [r.attempt for r in server.context.log.records[-3:]] == [1, 2, 3]
+        assert server.context.chat_replies.hits == 1
