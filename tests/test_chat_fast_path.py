@@ -136,42 +136,53 @@ def _body(trajectory: Any, messages: list[dict[str, Any]], shape: dict[str, Any]
     return body
 
 
-async def _compare(trace: str, flavor: str, profile: str, shapes_per_turn: int) -> dict[str, int]:
-    ctx = load_context(trace, sglang_version=profile, openai_flavor=flavor)
-    call = Caller(create_app(ctx))
+FLAVORS = [("vllm", "0.5.15"), ("sglang", "0.5.15"), ("sglang", "0.4.10")]  # SGLang's legacy context check
+
+
+async def _compare(trace: str, shapes_per_turn: int) -> dict[tuple[str, str], dict[str, int]]:
+    """Every turn in every flavor, the flavors in step (each turn's prompt is rendered and encoded once: the three
+    share the tokenizer's prompt cache); the conversation goes on with the vLLM server's whole answer."""
+    servers = []
+    for flavor, profile in FLAVORS:
+        ctx = load_context(trace, sglang_version=profile, openai_flavor=flavor)
+        servers.append((flavor, profile, ctx, Caller(create_app(ctx))))
     outputs = _tool_outputs(trace)
-    counts = {"compared": 0, "fast": 0, "identified": 0, "recorded_prompts": 0, "turns": 0}
-    for trajectory in ctx.store.trajectories:
+    counts = {(flavor, profile): {"compared": 0, "fast": 0, "identified": 0, "recorded_prompts": 0, "turns": 0}
+              for flavor, profile in FLAVORS}
+    for trajectory in servers[0][2].store.trajectories:
         messages = list(trajectory.prompt_messages)
         headers = {"X-Bench-Trajectory": trajectory.id}
         for turn in range(len(trajectory.turns)):
-            counts["turns"] += 1
             echoed = None
             for number in range(shapes_per_turn):
                 shape = SHAPES[(trajectory.index + turn + number * 3) % len(SHAPES)]
                 rid = f"{trajectory.id}-{turn}-{number}"
-                body = _body(trajectory, messages, shape, flavor, rid)
-                counts["recorded_prompts"] += not (shape.get("no_tools") and trajectory.prompt_tools)
-                answers, rows = [], []
-                for fast in (True, False):
-                    ctx.fast_path = fast
-                    before = ctx.chat_replies.hits + ctx.chat_replies.saved
-                    answer = await call(body, headers)
-                    if fast:
-                        counts["fast"] += ctx.chat_replies.hits + ctx.chat_replies.saved > before
-                        record = ctx.log.records[-1]
-                        counts["identified"] += record.turn == turn and record.drift is None
-                    answers.append((answer.status, answer.content_type, _normal(answer.body)))
-                    rows.append(_log_row(ctx, len(ctx.log) - 1))
-                assert answers[0] == answers[1], (flavor, trajectory.id, turn, shape)
-                assert rows[0] == rows[1], (flavor, trajectory.id, turn, shape)
-                counts["compared"] += 1
-                if shape is SHAPES[0]:
-                    echoed = json.loads(answer.body)
+                for flavor, profile, ctx, call in servers:
+                    count = counts[flavor, profile]
+                    body = _body(trajectory, messages, shape, flavor, rid)
+                    count["recorded_prompts"] += not (shape.get("no_tools") and trajectory.prompt_tools)
+                    answers, rows = [], []
+                    for fast in (True, False):
+                        ctx.fast_path = fast
+                        before = ctx.chat_replies.hits + ctx.chat_replies.saved
+                        answer = await call(body, headers)
+                        if fast:
+                            count["fast"] += ctx.chat_replies.hits + ctx.chat_replies.saved > before
+                            record = ctx.log.records[-1]
+                            count["identified"] += record.turn == turn and record.drift is None
+                        answers.append((answer.status, answer.content_type, _normal(answer.body)))
+                        rows.append(_log_row(ctx, len(ctx.log) - 1))
+                    assert answers[0] == answers[1], (flavor, profile, trajectory.id, turn, shape)
+                    assert rows[0] == rows[1], (flavor, profile, trajectory.id, turn, shape)
+                    count["compared"] += 1
+                    if shape is SHAPES[0] and flavor == "vllm":
+                        echoed = json.loads(answer.body)
             if echoed is None:  # the conversation goes on with the whole answer, as a client's would
+                _, _, ctx, call = servers[0]
                 ctx.fast_path = True
-                answer = await call(_body(trajectory, messages, SHAPES[0], flavor, ""), headers)
-                echoed = json.loads(answer.body)
+                echoed = json.loads((await call(_body(trajectory, messages, SHAPES[0], "vllm", ""), headers)).body)
+            for count in counts.values():
+                count["turns"] += 1
             if turn + 1 < len(trajectory.turns):
                 messages = [*messages, _assistant(echoed),
                             *({"role": "tool", "tool_call_id": call_id, "content": text}
@@ -179,17 +190,17 @@ async def _compare(trace: str, flavor: str, profile: str, shapes_per_turn: int) 
     return counts
 
 
-@pytest.mark.parametrize("flavor,profile", [("vllm", "0.5.15"), ("sglang", "0.5.15"), ("sglang", "0.4.10")])
 @pytest.mark.parametrize("trace", sorted(TRACES))
-def test_fast_answers_are_the_slow_paths_bytes_for_every_turn(trace: str, flavor: str, profile: str) -> None:
+def test_fast_answers_are_the_slow_paths_bytes_for_every_turn(trace: str) -> None:
     shapes = 3 if trace == "rlvr-500" else 1
-    counts = asyncio.run(_compare(trace, flavor, profile, shapes))
-    assert counts["turns"] == TRACES[trace]
-    assert counts["compared"] == TRACES[trace] * shapes
-    # the conversations are the recorded ones: every request but those leaving out the trace's tools is identified
-    assert counts["identified"] == counts["recorded_prompts"], counts
-    # and most answers came from the fast path (refused budgets and unknown prompts are the slow path's)
-    assert counts["fast"] >= counts["compared"] * 0.7, counts
+    for (flavor, profile), counts in asyncio.run(_compare(trace, shapes)).items():
+        assert counts["turns"] == TRACES[trace], (flavor, profile)
+        assert counts["compared"] == TRACES[trace] * shapes, (flavor, profile)
+        # the conversations are the recorded ones: every request but those leaving out the trace's tools is
+        # identified as its turn
+        assert counts["identified"] == counts["recorded_prompts"], (flavor, profile, counts)
+        # and most answers came from the fast path (refused budgets and unknown prompts are the slow path's)
+        assert counts["fast"] >= counts["compared"] * 0.7, (flavor, profile, counts)
 
 
 def test_the_benchmark_shape_for_every_trajectory_of_rlvr() -> None:
