@@ -362,3 +362,21 @@ def test_over_http_the_fast_answer_has_the_slow_answers_headers() -> None:
         assert answers[0][2], "the answer names what it served"
         assert [r.attempt for r in server.context.log.records[-3:]] == [1, 2, 3]
         assert server.context.chat_replies.hits == 1
+
+
+def test_the_caches_stay_within_their_bytes() -> None:
+    """Saved replies count the parsed body their key keeps alive; parsed bodies count their prompt's ids."""
+    from bench.server.openai_fast import ChatReplies
+
+    replies = ChatReplies(limit_bytes=10_000)
+    for number in range(50):
+        replies.put(("t", number, None), None, held=900)
+        assert replies.bytes <= 10_000
+    assert len(replies) == 10_000 // 964 and replies.bytes == len(replies) * 964
+    tokenizer = load_tokenizer()
+    raw = json.dumps({"messages": [{"role": "user", "content": "word " * 3000}]}).encode()
+    fast = replies.parse(raw, "vllm", tokenizer, 10**6)
+    assert fast.kept and fast.size > 12 * len(fast.ids) and replies.parse(raw, "vllm", tokenizer, 10**6) is fast
+    huge = json.dumps({"messages": [{"role": "user", "content": "word " * 30000}]}).encode()
+    assert not replies.parse(huge, "vllm", tokenizer, 10**6).kept  # over 1/64 of the budget: parsed every time
+    assert replies.parse(huge, "vllm", tokenizer, 10**6) is not replies.parse(huge, "vllm", tokenizer, 10**6)

@@ -55,6 +55,7 @@ class FastChat:
     packed: bytes  # the same as int32 bytes, as the identifier and the served-token store take them
     params: GenerateParams
     eligible: bool  # one choice, not streamed: the fast path answers it
+    size: int  # bytes it holds, about: the body's and the prompt's ids twice (a list and packed)
     kept: bool = False  # in the cache of parsed bodies: a later request of the same bytes gets this one
 
 
@@ -166,13 +167,14 @@ class ChatReplies:
     (trajectory, turn, parsed body), up to `limit_bytes` of replies (oldest out)."""
 
     PARSED_LIMIT = 1024  # bodies kept parsed
-    PARSED_BYTES = 16 * 2**20  # and their bytes at most; a larger body is parsed every time
+    PARSED_BYTES = 16 * 2**20  # and the bytes they hold at most (`FastChat.size`); a body over 1/64 of it is not kept
 
     def __init__(self, limit_bytes: int = 32 * 2**20) -> None:
         self.limit_bytes = limit_bytes
         self.bytes = 0
         self.hits = self.saved = 0  # replies answered from the cache, replies made and saved
         self._replies: OrderedDict[tuple[Any, ...], ChatReply | None] = OrderedDict()
+        self._sizes: dict[tuple[Any, ...], int] = {}
         self._parsed: dict[bytes, FastChat] = {}
         self._parsed_bytes = 0
         self._templates: dict[tuple[Any, ...], EntryTemplates] = {}
@@ -189,13 +191,14 @@ class ChatReplies:
         parsed = parse_chat(decode_body(raw), flavor, tokenizer)
         ids = parsed.prompts[0]
         eligible = not parsed.stream and parsed.sampling.n == 1
-        fast = FastChat(parsed, ids, pack(ids), parsed.sampling.params(len(ids), context_length), eligible)
-        if eligible and len(raw) <= self.PARSED_BYTES // 64:
-            if len(self._parsed) >= self.PARSED_LIMIT or self._parsed_bytes + len(raw) > self.PARSED_BYTES:
+        fast = FastChat(parsed, ids, pack(ids), parsed.sampling.params(len(ids), context_length), eligible,
+                        len(raw) + 12 * len(ids) + 512)
+        if eligible and fast.size <= self.PARSED_BYTES // 64:
+            if len(self._parsed) >= self.PARSED_LIMIT or self._parsed_bytes + fast.size > self.PARSED_BYTES:
                 self._parsed.clear()
                 self._parsed_bytes = 0
             self._parsed[raw] = fast
-            self._parsed_bytes += len(raw)
+            self._parsed_bytes += fast.size
             fast.kept = True
         return fast
 
@@ -214,16 +217,20 @@ class ChatReplies:
             self.hits += 1
         return reply
 
-    def put(self, key: tuple[Any, ...], reply: ChatReply | None) -> None:
+    def put(self, key: tuple[Any, ...], reply: ChatReply | None, held: int = 0) -> None:
+        """Save a reply (None: never saved); `held`: the bytes its key keeps alive besides (the parsed body)."""
+        size = (reply.size if reply is not None else 64) + held
         self._replies[key] = reply
+        self._sizes[key] = size
         self.saved += reply is not None
-        self.bytes += reply.size if reply is not None else 64
+        self.bytes += size
         while self.bytes > self.limit_bytes and len(self._replies) > 1:
-            _, old = self._replies.popitem(last=False)
-            self.bytes -= old.size if old is not None else 64
+            old, _ = self._replies.popitem(last=False)
+            self.bytes -= self._sizes.pop(old)
 
     def clear(self) -> None:
         self._replies.clear()
+        self._sizes.clear()
         self._parsed.clear()
         self.bytes = self._parsed_bytes = 0
 

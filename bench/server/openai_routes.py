@@ -290,7 +290,7 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
         if reply is False:
             reply = _new_chat_reply(ctx, identity, fast)
             if fast.kept:  # else no later request can name it
-                ctx.chat_replies.put(key, reply)
+                ctx.chat_replies.put(key, reply, fast.size)
     record = new_record(ctx, path, arrived, rid=rid, stream=False, prompt_tokens=len(fast.ids))
     request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
     identified_as(ctx, record, identity, fast.packed, reply.prompt_digest if reply else None)
