@@ -380,3 +380,42 @@ def test_the_caches_stay_within_their_bytes() -> None:
     huge = json.dumps({"messages": [{"role": "user", "content": "word " * 30000}]}).encode()
     assert not replies.parse(huge, "vllm", tokenizer, 10**6).kept  # over 1/64 of the budget: parsed every time
     assert replies.parse(huge, "vllm", tokenizer, 10**6) is not replies.parse(huge, "vllm", tokenizer, 10**6)
+
+
+def test_paced_answers_whole_and_aborted_are_the_slow_paths() -> None:
+    """At a time scale where answers take time, a saved reply is played as the slow path plays it: whole, the same
+    bytes; aborted while waiting for its first token (the whole server's requests aborted), the slow path's body for
+    an aborted answer, built by its formatter."""
+    async def answer(ctx: ServerContext, call: Caller, body: dict[str, Any], trajectory: str,
+                     abort_after: float | None) -> tuple[Any, ...]:
+        task = asyncio.ensure_future(call(body, {"X-Bench-Trajectory": trajectory}))
+        if abort_after is not None:
+            await asyncio.sleep(abort_after)
+            assert ctx.state.abort(abort_all=True) == 1
+        response = await task
+        return response.status, _normal(response.body), _log_row(ctx, len(ctx.log) - 1)
+
+    async def run() -> None:
+        ctx = load_context("rlvr-500", time_scale=0.005)  # 4.4 s of recorded decoding: 22 ms; first tokens ~0.3 ms
+        call = Caller(create_app(ctx))
+        for trajectory in ctx.store.trajectories[:5]:
+            body = {"model": "m", "messages": trajectory.prompt_messages, "logprobs": True, "return_token_ids": True}
+            answers = []
+            for fast in (True, True, False):
+                ctx.fast_path = fast
+                answers.append(await answer(ctx, call, body, trajectory.id, None))
+            assert answers[0] == answers[1] == answers[2]
+        assert ctx.chat_replies.hits == 5
+        ctx = load_context("rlvr-500", time_scale=20.0)  # first tokens after about a second
+        call = Caller(create_app(ctx))
+        trajectory = ctx.store.trajectories[0]
+        body = {"model": "m", "messages": trajectory.prompt_messages, "logprobs": True, "return_token_ids": True}
+        aborted = []
+        for fast in (True, True, False):
+            ctx.fast_path = fast
+            aborted.append(await answer(ctx, call, body, trajectory.id, 0.05))
+        assert ctx.chat_replies.hits == 1
+        assert aborted[0] == aborted[1] == aborted[2]
+        assert json.loads(aborted[0][1])["choices"][0]["finish_reason"] == "abort"
+
+    asyncio.run(run())

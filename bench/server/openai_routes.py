@@ -304,7 +304,7 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
         except (_Refused, _Faulted) as stop:
             return await _stopped(request, flavor, stop)
         return await _answer(request, ctx, parsed, "chat", base_id, [choice], [exchange], arrived)
-    await _iterations_later(_CHAT_SLOW_PATH_HOPS)  # answered as many loop iterations after arriving as on the slow path
+    await _iterations_later(_CHAT_SLOW_PATH_HOPS)  # as many loop iterations after arriving as the slow path
     response_id = base_id if not vllm else _PREFIX["chat"] + base_id
     if not (reply.instant and played_at_once(ctx, record, identity, rid, fast.ids, reply.served, reply.finish,
                                              arrived)):
