@@ -6,8 +6,10 @@
   may fill pools and caches that stay: a thread pool, a connection pool). Resident memory leaks when it ends
   more than `RSS_BOUND_BYTES` (64 MiB) above its level after the first step, having grown in at least half of
   the steps after it.
-- `step_late_requests`: requests of a step's trajectories that arrived after its rollout had returned, while a
-  later step ran: something the step started (an orphaned task, a thread) still calls the server.
+- `step_late_requests`: requests of a step's trajectories that arrived once a later step had begun (its weights
+  published, after the step's rollout returned): something the step started (an orphaned task, a thread) still
+  calls the server. Requests arriving between a step's return and the next step's start are not counted: a
+  request sent just before the rollout raised can reach the server after it.
 - `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault
   reached (or naming none): what the earlier failure left behind (a dirtied singleton, a half-closed client) is
   the first suspect. The evidence has both errors and what the process held after each.
@@ -24,7 +26,7 @@ from faults import FaultEvent
 
 from .board import StepBoard, StepState
 
-COUNTED = ("tasks", "threads", "fds", "sockets", "children")
+COUNTED = ("tasks", "threads", "sockets", "fds", "children")  # sockets before fds: see `resource_growth`
 RSS_BOUND_BYTES = 64 * 1024 * 1024
 MIN_STEPS_FOR_GROWTH = 3
 _LISTED = 5
@@ -41,6 +43,7 @@ def _measured(states: list[StepState], key: str) -> list[tuple[int, Any]]:
 
 def resource_growth(states: list[StepState]) -> list[Violation]:
     out = []
+    growth: dict[str, int] = {}
     for kind in COUNTED:
         series = _measured(states, kind)
         if len(series) < MIN_STEPS_FOR_GROWTH:
@@ -48,6 +51,9 @@ def resource_growth(states: list[StepState]) -> list[Violation]:
         counts = [count for _, count in series]
         rising = all(later >= earlier for earlier, later in zip(counts, counts[1:]))
         if rising and counts[-1] - counts[0] >= len(counts) - 1:
+            growth[kind] = counts[-1] - counts[0]
+            if kind == "fds" and growth["fds"] <= growth.get("sockets", 0):
+                continue  # the sockets account for every new descriptor: one finding, not two
             first = next(step for step, count in series if count > counts[0])
             out.append(_growth(kind, series, first, states))
     rss = _measured(states, "rss_bytes")
@@ -82,16 +88,16 @@ def _growth(kind: str, series: list[tuple[int, Any]], first: int, states: list[S
 
 
 def late_requests(board: StepBoard, requests: list[RequestRecord]) -> list[Violation]:
-    """Requests of step k's trajectories that arrived after step k returned, while a later step ran."""
+    """Requests of step k's trajectories that arrived after step k returned and step k+1 began."""
     by_step: dict[int, list[tuple[RequestRecord, int]]] = {}
     states = board.states
     for request in requests:
         step = board.step_of.get(request.trajectory or "")
         if step is None or step >= len(states) - 1:
             continue  # the last step that ran: nothing ran after it (its leftovers died with the worker)
-        returned = states[step].returned
-        if returned is None or request.started <= returned:
-            continue
+        returned, following = states[step].returned, states[step + 1].started
+        if returned is None or request.started <= max(returned, following):
+            continue  # arrived before the next step began: sent before the step returned, or in its last moments
         running = max((s.step for s in states if s.started <= request.started), default=step)
         by_step.setdefault(step, []).append((request, running))
     out = []

@@ -15,6 +15,7 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
     """One row per step that started: samples and outcomes, drop rate, throughput, requests (late ones apart),
     the weight version served, and the worker's resources after the step."""
     rows = []
+    following = {earlier.step: later.started for earlier, later in zip(board.states, board.states[1:])}
     for state in board.states:
         mine = [r for r in records if r.step == state.step]
         outcomes = {o: sum(1 for r in mine if r.outcome == o) for o in OUTCOMES}
@@ -29,7 +30,9 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
             "duration_s": None if duration is None else round(duration, 3),
             "samples_per_s": round(finished / duration, 2) if duration else None,
             "requests": len(asked),
-            "late_requests": sum(1 for q in asked if state.returned is not None and q.started > state.returned),
+            # arrived once the next step had begun (`checks.late_requests`), or after the last step returned
+            "late_requests": sum(1 for q in asked if state.returned is not None and q.started > max(
+                state.returned, following.get(state.step, 0.0))),
             "versions_served": sorted({q.weight_version for q in asked if q.weight_version is not None}),
             "error": None if state.error is None else f"{state.error.type}: {state.error.message[:200]}",
             **{key: resources.get(key) for key in COUNTED},
