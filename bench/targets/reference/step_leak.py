@@ -101,7 +101,7 @@ async def _oversample(job: RolloutJob, http: aiohttp.ClientSession | None) -> No
     assert session is not None
     try:
         while True:
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.1)
             try:
                 await generate(session, job.base_url, spec, spec.prompt_ids, spec.sampling_params)
             except aiohttp.ClientError:
