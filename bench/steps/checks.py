@@ -1,9 +1,9 @@
 """Findings across the steps of one run, each with its evidence per step.
 
 - `step_resources`: a resource the worker holds grows with steps. Counts (live asyncio tasks, threads, open file
-  descriptors, sockets, child processes) leak when, over at least three measured steps, the count never goes
-  down from one step to the next and ends at least one per step above its level after the first step (which
-  may fill pools and caches that stay: a thread pool, a connection pool). Resident memory leaks when it ends
+  descriptors, sockets, child processes) leak when, over at least three measured steps, the count is higher after
+  every step than after the step before: a pool or cache the first steps fill (a thread pool, a connection pool
+  that grows to the concurrency) stops growing, a leak does not. Resident memory leaks when it ends
   more than `RSS_BOUND_BYTES` (64 MiB) above its level after the first step, having grown in at least half of
   the steps after it.
 - `step_late_requests`: requests of a step's trajectories that arrived once a later step had begun (its weights
@@ -49,8 +49,7 @@ def resource_growth(states: list[StepState]) -> list[Violation]:
         if len(series) < MIN_STEPS_FOR_GROWTH:
             continue
         counts = [count for _, count in series]
-        rising = all(later >= earlier for earlier, later in zip(counts, counts[1:]))
-        if rising and counts[-1] - counts[0] >= len(counts) - 1:
+        if all(later > earlier for earlier, later in zip(counts, counts[1:])):  # more after every step
             growth[kind] = counts[-1] - counts[0]
             if kind == "fds" and growth["fds"] <= growth.get("sockets", 0):
                 continue  # the sockets account for every new descriptor: one finding, not two
@@ -84,7 +83,7 @@ def _growth(kind: str, series: list[tuple[int, Any]], first: int, states: list[S
          "per_step": {str(step): value for step, value in series}, "new": new,
          "bound": (f"more than {RSS_BOUND_BYTES // 2**20} MiB above step {series[0][0]}'s level, growing in at least "
                    "half of the steps" if kind == "rss_bytes" else
-                   f"never down from step to step and at least one more per step than after step {series[0][0]}")})
+                   "higher after every step than after the step before")})
 
 
 def late_requests(board: StepBoard, requests: list[RequestRecord]) -> list[Violation]:
