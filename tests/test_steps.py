@@ -4,6 +4,7 @@ its fix (`fixed`) at K = 5, in a worker process: the resources measured are the 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -130,3 +131,21 @@ def test_one_step_runs_as_before_and_inline_runs_steps_unmeasured() -> None:
     inline = _run("ref-gather:fixed", steps=3, isolation="inline")
     assert inline.violations == [] and len(inline.records) == 3 * N
     assert [row["tasks"] for row in inline.steps["rows"]] == [None] * 3  # type: ignore[index]
+
+
+def test_the_command_line_writes_the_per_step_table_and_plot(tmp_path: object) -> None:
+    import csv
+    from pathlib import Path
+
+    out = Path(str(tmp_path)) / "report"
+    done = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "ref-step-leak:unfixed", "--steps", "4",
+                           "--n", "4", "--plan", "none", "--target-option", "leak=threads", "--out", str(out),
+                           "--repro-reruns", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr  # a violation: the leak
+    assert "4 of 4 ran (on step failure: stop)" in done.stdout
+    assert re.search(r"first violation +step 1: step_resources: threads grow with steps", done.stdout), done.stdout
+    rows = list(csv.DictReader((out / "steps.csv").open()))
+    assert [row["step"] for row in rows] == ["0", "1", "2", "3"]
+    assert [int(row["threads"]) - int(rows[0]["threads"]) for row in rows] == [0, 1, 2, 3]
+    assert (out / "steps.png").stat().st_size > 10_000
+    assert "steps = 4" in (out / "run.toml").read_text()  # the rerun of the whole run is a multi-step run too

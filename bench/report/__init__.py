@@ -86,6 +86,7 @@ def rerender(folder: str | Path) -> dict[str, Any]:
     """Redraw a report folder's plots from its tables; returns its summary."""
     loaded = load(folder)
     write_plots({k: v for k, v in loaded.items() if isinstance(v, pd.DataFrame)}, Path(folder), loaded["summary"])
+    write_step_report(loaded["summary"], Path(folder))  # a multi-step run's steps.csv and steps.png
     return loaded["summary"]  # type: ignore[no-any-return]
 
 

@@ -39,7 +39,7 @@ def step_plot(rows: Any, steps: dict[str, Any]) -> Any:
             bottom = [b + c for b, c in zip(bottom, counts)]
     outcomes.set_xlabel("step")
     outcomes.set_ylabel("samples")
-    outcomes.set_ylim(bottom=0)
+    outcomes.set_ylim(0, max([*bottom, 1]) * 1.2)  # room for the drop rates above the bars
     outcomes.set_title("Samples by outcome (drop rate above)")
     for step, total, rate in zip(x, bottom, rows["drop_rate"]):
         if rate is not None and rate == rate:
