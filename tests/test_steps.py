@@ -41,7 +41,7 @@ def test_a_leak_per_step_is_caught_and_its_fix_passes(leak: str) -> None:
     assert evidence["first_step"] >= 1
     assert unfixed.steps is not None and unfixed.steps["first_violation"]["invariant"] in ("step_resources",
                                                                                           "step_late_requests")
-    if leak in ("tasks", "threads", "children"):  # what grew is named: each step's leftover
+    if leak in ("tasks", "threads", "children", "sockets"):  # what grew is named: each step's leftover
         assert len(evidence["new"]) == K - 1, evidence
     fixed = _run("ref-step-leak:fixed", target_options={"leak": leak})
     assert fixed.violations == [], [v.message for v in fixed.violations]

@@ -19,23 +19,52 @@ def _describe_task(task: asyncio.Task[Any]) -> str:
     return f"{task.get_name()}: {where}"[:200]
 
 
-def _fds() -> tuple[int | None, int | None, list[str]]:
-    """Open descriptors, how many are sockets, and what the non-socket ones point at."""
+_TCP_STATES = {"01": "established", "02": "syn-sent", "06": "time-wait", "07": "close", "08": "close-wait",
+               "0A": "listen"}
+
+
+def _fds() -> tuple[int | None, list[str], list[str]]:
+    """Open descriptors (None: no /proc), the socket inodes among them, and what the others point at."""
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
-        return None, None, []
-    sockets, others = 0, []
+        return None, [], []
+    sockets, others = [], []
     for name in names:
         try:
             link = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue  # closed meanwhile (the listing's own descriptor among them)
         if link.startswith("socket:"):
-            sockets += 1
+            sockets.append(link[len("socket:["):-1])
         else:
             others.append(link)
     return len(names), sockets, others
+
+
+def _address(text: str) -> str:
+    """`0100007F:A9C3` (IPv4, as /proc/net/tcp writes it) -> `127.0.0.1:43459`; IPv6 left in hex."""
+    host, _, port = text.partition(":")
+    if len(host) == 8:
+        host = ".".join(str(int(host[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    return f"{host}:{int(port, 16)}"
+
+
+def _socket_names(inodes: list[str]) -> list[str]:
+    """What each socket is: a TCP connection's ends and state (from /proc/self/net), else `unix` or `other`."""
+    tcp: dict[str, str] = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/self/net/{table}") as file:
+                next(file, None)
+                for line in file:
+                    fields = line.split()
+                    if len(fields) > 9:
+                        tcp[fields[9]] = (f"tcp {_address(fields[1])} -> {_address(fields[2])} "
+                                          f"({_TCP_STATES.get(fields[3], fields[3])})")
+        except OSError:
+            continue
+    return sorted(tcp.get(inode, "unix or other socket") for inode in inodes)
 
 
 def _children() -> list[str] | None:
@@ -76,7 +105,9 @@ def snapshot(own_tasks: set[asyncio.Task[Any]]) -> dict[str, Any]:
     threads = [t.name for t in threading.enumerate()]
     fds, sockets, files = _fds()
     children = _children()
-    return {"tasks": len(tasks), "threads": len(threads), "fds": fds, "sockets": sockets,
+    return {"tasks": len(tasks), "threads": len(threads), "fds": fds, "sockets": None if fds is None else len(sockets),
             "children": None if children is None else len(children), "rss_bytes": _rss_bytes(),
             "named": {"tasks": sorted(_describe_task(t) for t in tasks)[:_NAMED], "threads": sorted(threads)[:_NAMED],
-                      "files": sorted(files)[-_NAMED:], "children": (children or [])[:_NAMED]}}
+                      "files": sorted(files)[-_NAMED:],
+                      "sockets": [name for name in _socket_names(sockets) if name.startswith("tcp")][:_NAMED],
+                      "children": (children or [])[:_NAMED]}}
