@@ -149,3 +149,19 @@ def test_the_command_line_writes_the_per_step_table_and_plot(tmp_path: object) -
     assert [int(row["threads"]) - int(rows[0]["threads"]) for row in rows] == [0, 1, 2, 3]
     assert (out / "steps.png").stat().st_size > 10_000
     assert "steps = 4" in (out / "run.toml").read_text()  # the rerun of the whole run is a multi-step run too
+
+
+def test_a_multi_step_run_gets_its_run_toml_and_no_trajectory_repro(tmp_path: object) -> None:
+    """The pytest plugin's `bench_run(target, steps=K)` writes repros through here: a multi-step run's is the
+    whole run, rerun with `--repro run.toml` (a subset of trajectories would not be a subset of steps)."""
+    from pathlib import Path
+
+    from bench.orchestration.repro import load_repro, write_repro
+
+    result = _run("ref-step-leak:unfixed", steps=3, target_options={"leak": "children"})
+    assert [v.invariant for v in result.violations] == ["step_resources"]
+    assert write_repro(result, Path(str(tmp_path)) / "repro.toml") is None
+    config = load_repro(Path(str(tmp_path)) / "run.toml").config
+    assert (config.steps, config.on_step_failure, config.n, config.trajectories) == (3, "stop", N, None)
+    again = run_blocking(config)
+    assert [v.invariant for v in again.violations] == ["step_resources"]

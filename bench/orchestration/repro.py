@@ -276,6 +276,9 @@ def write_repros(result: RunResult, folder: str | Path, *, budget: Budget | None
     folder.mkdir(parents=True, exist_ok=True)
     write_config(result.config, folder / "run.toml", result=result)
     say = say or (lambda line: print(line, file=sys.stderr))
+    if result.config.steps > 1:  # a rerun of some trajectories is not a rerun of some steps (bench.steps)
+        say("repros: none for a multi-step run yet; run.toml reruns the whole run, steps and all")
+        return []
     outcomes = []
     found = signatures(result.violations)
     for number, (signature, violation) in enumerate(found, start=1):
