@@ -71,6 +71,11 @@ def test_a_singleton_a_failed_step_dirtied_is_reported_as_carried_over() -> None
     assert [(v.evidence["step"], v.evidence["after_step"]) for v in carried] == [(3, 2), (4, 2)]
     assert all(v.evidence["error"]["type"] == "RolloutAborted" for v in carried)
     assert all(v.evidence["first_error"]["type"] == "ClientResponseError" for v in carried)
+    # rerun alone in a fresh worker, the same step passes: the failure came from the process, not the inputs
+    fresh = [v.evidence["fresh_process"] for v in carried]
+    assert [f["verdict"] for f in fresh] == ["passes in a fresh process: carried over"] * 2
+    assert [f["outcomes"] for f in fresh] == [{"completed": N}] * 2
+    assert len({f["worker_pid"] for f in fresh} | {unfixed.worker["pid"]}) == 3  # type: ignore[index]
     assert unfixed.steps["first_violation"]["step"] == 3  # type: ignore[index]
     assert _names(unfixed) == ["step_carryover", "step_carryover"]  # step 2 failed closed on the fault: correct
     fixed = _run("ref-step-singleton:fixed", fault, on_step_failure="continue")

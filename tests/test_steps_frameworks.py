@@ -4,7 +4,7 @@ The crash is the seed-000 one: a valid reply whose post-processing raises (`rais
 trajectory of step 1). The unfixed rollout lets it out of `generate_rollout`, leaving the `GenerateState`
 singleton as it was mid-rollout (its `remaining_batch_size` not reset, its pending set emptied): the next step
 submits nothing and waits on no task, `ValueError: Set of Tasks/Futures is empty`, a failure that step 1 left
-behind. The patched rollout keeps a placeholder for the trajectory that raised; all three steps complete.
+behind: step 2's trajectories rerun alone in a fresh worker complete. The patched rollout keeps a placeholder for the trajectory that raised; all three steps complete.
 
 Needs the miles environment (make targets), and for slime a checkout (`ROLLOUT_BENCH_SLIME_PATH`) and an
 environment to run it; each test skips saying which is missing.
@@ -56,6 +56,7 @@ def test_a_crashed_step_leaves_the_next_one_failing(framework: str, python: str,
     carried = [v for v in result.violations if v.invariant == "step_carryover"]
     assert [(v.evidence["step"], v.evidence["after_step"]) for v in carried] == [(2, 1)]
     assert "Set of Tasks/Futures is empty" in carried[0].evidence["error"]["message"]
+    assert carried[0].evidence["fresh_process"]["verdict"] == "passes in a fresh process: carried over"
     assert result.steps["first_violation"]["step"] == 1  # the crash itself (batch_survival: seed-000's bug)
 
 

@@ -409,6 +409,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         config = replace(config, bounds=declared_bounds(config.bounds, framework))
         step_violations, step_table = steps.finish(board, ordered, requests, events, config.on_step_failure) \
             if board is not None else ([], None)
+        if board is not None and not interrupted:  # a failure after a failed step: rerun it in a fresh process
+            step_violations = await steps.confirm_in_fresh_process(config, board, step_violations)
         view = RunView(ordered, requests, events, steps.view_plan(board, plan),
                        {s.id: s.group for s in specs}, store.header.context_length, target.fail_fast,
                        batch_error, hang, duration, config.bounds, emitted, server.context.served,

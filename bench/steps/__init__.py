@@ -11,7 +11,9 @@ process-wide singleton a failed step dirtied) is only seen by a run that calls i
   published (or held by a `hold_weights` rule), when the step started and ended, what the worker measured.
 - `checks`: findings across steps (resources that grow with steps, requests arriving for a step after it
   returned, a step failing after an earlier one failed with no injected fault to explain it).
-- `table`: the per-step rows of the report.
+- `fresh`: a failure after a failed step rerun alone in a fresh process: carried over, or the step's own.
+- `run`: the runner's side (slicing the trace into steps, the board, per-step loss causes and findings).
+- `table`, `report`: the per-step rows, `steps.csv`, `steps.png` and the terminal's lines.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from faults import FaultEvent, Plan
 from . import STEP_FAILURE_POLICIES
 from .board import StepBoard, plan_for_step, plan_for_steps
 from .checks import check_steps
+from .fresh import confirm as confirm_in_fresh_process
 from .table import step_rows
 
 
