@@ -2,7 +2,8 @@
 
 A multi-step run (`run --steps K`) advances the server's weight version before every step after the first, as a
 trainer's weight sync does; during the steps this rule names the version stays where it was, as when a sync is
-skipped or fails silently. Applied by the step driver (`bench.steps`) at step boundaries, never per request.
+skipped or fails silently. Applied by the step driver (`bench.steps`) at step boundaries, never per request: of
+its schedule only `steps` counts (without it, no step after the first publishes new weights).
 """
 
 from ..base import Fault, register
