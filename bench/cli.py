@@ -628,7 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="training steps: the rollout called K times in one worker, each step on the next N "
                           "trajectories, the weight version advanced between steps (default 1)")
     run.add_argument("--on-step-failure", choices=("stop", "continue"),
-                     help="after a step that raised: stop (default), or continue with the next step in the same process")
+                     help="after a step that raised: stop (default), or continue with the next step in the same "
+                          "process")
     run.add_argument("--python", metavar="PATH", help="run the target in a worker under this interpreter (its own "
                      "virtual environment); default: the target's environment from `make targets`, else this one")
     run.add_argument("--in-process", action="store_true",

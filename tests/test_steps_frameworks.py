@@ -4,7 +4,8 @@ The crash is the seed-000 one: a valid reply whose post-processing raises (`rais
 trajectory of step 1). The unfixed rollout lets it out of `generate_rollout`, leaving the `GenerateState`
 singleton as it was mid-rollout (its `remaining_batch_size` not reset, its pending set emptied): the next step
 submits nothing and waits on no task, `ValueError: Set of Tasks/Futures is empty`, a failure that step 1 left
-behind: step 2's trajectories rerun alone in a fresh worker complete. The patched rollout keeps a placeholder for the trajectory that raised; all three steps complete.
+behind: step 2's trajectories rerun alone in a fresh worker complete. The patched rollout keeps a placeholder
+for the trajectory that raised; all three steps complete.
 
 Needs the miles environment (make targets), and for slime a checkout (`ROLLOUT_BENCH_SLIME_PATH`) and an
 environment to run it; each test skips saying which is missing.
