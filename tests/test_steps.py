@@ -99,6 +99,7 @@ def test_weights_advance_per_step_unless_a_plan_holds_them() -> None:
     assert [row["weight_version"] for row in rows] == ["0", "1", "1", "1", "4"]
     assert [row["versions_served"] for row in rows] == [["0"], ["1"], ["1"], ["1"], ["4"]]
     assert rows[2]["weights_held_by"] == ["hold_weights#0"]
+    assert [row["max_lag"] for row in rows] == [0] * K  # each sample was served its step's weights
     by_step = {r.step: set(r.weight_versions) for r in result.records}  # what the samples say they were served
     assert by_step == {0: {"0"}, 1: {"1"}, 2: {"1"}, 3: {"1"}, 4: {"4"}}
 

@@ -81,7 +81,8 @@ def step_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
         rss = f", rss {row['rss_mb']} MiB" if row.get("rss_mb") is not None else ""
         weights = f"v{row['weight_version']}" + (f" (held by {', '.join(row['weights_held_by'])})"
                                                  if row["weights_held_by"] else "")
-        lines.append((f"  step {row['step']}", f"{weights}: {row['samples']} samples ({outcomes or 'none'}), "
+        lag = f", lag {row['max_lag']}" if row.get("max_lag") else ""
+        lines.append((f"  step {row['step']}", f"{weights}{lag}: {row['samples']} samples ({outcomes or 'none'}), "
                       f"{row['requests']} requests" + (f" ({row['late_requests']} after it returned)"
                                                         if row["late_requests"] else "")
                       + (f"; held {held}{rss}" if held else "")

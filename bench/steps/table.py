@@ -34,8 +34,19 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
             "late_requests": sum(1 for q in asked if state.returned is not None and q.started > max(
                 state.returned, following.get(state.step, 0.0))),
             "versions_served": sorted({q.weight_version for q in asked if q.weight_version is not None}),
+            "max_lag": _max_lag(state.weight_version, mine),
             "error": None if state.error is None else f"{state.error.type}: {state.error.message[:200]}",
             **{key: resources.get(key) for key in COUNTED},
             "rss_mb": round(resources["rss_bytes"] / 2**20, 1) if resources.get("rss_bytes") is not None else None,
         })
     return rows
+
+
+def _max_lag(published: str, records: list[SampleRecord]) -> int | None:
+    """Versions between the step's weights and the oldest version a sample of it says it was served (0: on
+    policy); None when the versions are not numbers or no sample names one."""
+    if not published.isdigit():
+        return None
+    lags = [int(published) - min(int(v) for v in record.weight_versions if v.isdigit())
+            for record in records if any(v.isdigit() for v in record.weight_versions)]
+    return max(lags) if lags else None
