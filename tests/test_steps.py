@@ -20,8 +20,9 @@ TRACE = "agentic-500"
 
 
 def _run(target: str, *faults: str, steps: int = K, n: int = N, **options: object) -> RunResult:
+    options = {"watchdog_s": 20.0, **options}
     return run_blocking(RunConfig(trace=TRACE, plan=plan_from_specs(list(faults), 0), target=target, n=n,
-                                  steps=steps, watchdog_s=20.0, warm=False, **options))  # type: ignore[arg-type]
+                                  steps=steps, warm=False, **options))  # type: ignore[arg-type]
 
 
 def _names(result: RunResult) -> list[str]:
@@ -171,3 +172,15 @@ def test_a_multi_step_run_gets_its_run_toml_and_no_trajectory_repro(tmp_path: ob
     assert (config.steps, config.on_step_failure, config.n, config.trajectories) == (3, "stop", N, None)
     again = run_blocking(config)
     assert [v.invariant for v in again.violations] == ["step_resources"]
+
+
+def test_a_step_that_hangs_ends_the_run_there() -> None:
+    """Step 1's requests get no answer (`stall`): the watchdog ends the run in step 1; step 0's samples stand,
+    step 1's are lost to the hang, step 2 never started (its trajectories were never dispatched)."""
+    result = _run("ref-step-leak:fixed", "stall:p=1,steps=1", steps=3, watchdog_s=2.0,
+                  target_options={"leak": "threads"})
+    assert result.hang is not None and result.hang.kind == "hang"
+    assert result.steps is not None and result.steps["ran"] == 2
+    outcomes = {(r.step, r.outcome, r.error.type if r.error else None) for r in result.records}
+    assert outcomes == {(0, "completed", None), (1, "lost", "Hang")}
+    assert _names(result) == ["liveness"]

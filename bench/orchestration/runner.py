@@ -365,6 +365,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         idle_s = config.watchdog_s if started_in_time else config.startup_s
         returned_at = None if hung else time.time()
         accepting = False
+        if board is not None:
+            board.close()  # a step that ends from now on is not the run's: its records are not taken either
         bar.close()
         hang = batch_error = None
         if interrupted:

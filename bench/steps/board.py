@@ -68,6 +68,12 @@ class StepBoard:
     def __init__(self, context: Any, plan: Plan | None, steps: int, step_of: dict[str, int]) -> None:
         self.context, self.plan, self.steps, self.step_of = context, plan, steps, step_of
         self.states: list[StepState] = []
+        self.closed = False  # the runner stopped waiting (a hang, the deadline, a signal): no step ends or starts
+
+    def close(self) -> None:
+        """The run is over for the bench: a step report arriving now is too late, and no further step starts (the
+        worker is told so and returns; it is being killed anyway)."""
+        self.closed = True
 
     def begin(self, step: int) -> StepState:
         """Start `step`: its rules in the server's plan, its weights published (unless a rule holds them)."""
@@ -89,6 +95,8 @@ class StepBoard:
     def end(self, report: dict[str, Any]) -> dict[str, Any]:
         """The worker's report of a step's end; starts the next step unless this was the last."""
         step = report.get("step")
+        if self.closed:
+            return {"next": None, "closed": True}
         if not isinstance(step, int) or not self.states or step != self.states[-1].step:
             raise ValueError(f"a report for step {step!r}, but the running step is "
                              f"{self.states[-1].step if self.states else None}")

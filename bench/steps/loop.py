@@ -78,10 +78,10 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
             error = error_info(raised)
         returned = time.time()
         last = step == job.steps - 1 or (error is not None and job.on_step_failure == "stop")
-        await post_step(job.base_url, {
+        answer = await post_step(job.base_url, {
             "step": step, "started": started, "returned": returned, "last": last,
             "error": None if error is None else {"type": error.type, "message": error.message,
                                                  "traceback": error.traceback, "trajectory": error.trajectory},
             "resources": snapshot(own) if measure else None})
-        if last:
+        if last or answer.get("next") is None:  # the bench stopped the run (it gave up waiting): no next step
             return
