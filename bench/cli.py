@@ -204,6 +204,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options["upstream"] = args.upstream
     if args.tokenizer:
         options["tokenizer_dir"] = args.tokenizer
+    if args.steps is not None:
+        options["steps"] = args.steps
+    if args.on_step_failure is not None:
+        options["on_step_failure"] = args.on_step_failure
     target_options = _target_options(args)
     if args.repro:
         if args.plan or args.fault or args.n is not None or args.trace != DEFAULT_TRACE:
@@ -263,7 +267,11 @@ def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signall
               f"what came back until then{' (marked interrupted)' if result.interrupted else ''}; no repros",
               file=sys.stderr)
         return 128 + signalled[0]
-    if result.violations and args.repro_reruns > 0:
+    if result.violations and args.repro_reruns > 0 and result.config.steps > 1:
+        print("repros: none for a multi-step run yet (a repro reruns trajectories, not steps); run.toml has the run",
+              file=sys.stderr)
+        write_config(result.config, out / "run.toml", result=result)
+    elif result.violations and args.repro_reruns > 0:
         print(f"repros: rerunning to verify and shrink each failure (at most {args.repro_reruns} reruns each)",
               file=sys.stderr, flush=True)
         outcomes = write_repros(result, out, budget=Budget(reruns=args.repro_reruns))
@@ -616,6 +624,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", help=f"NAME[:variant] or module:attr (default {DEFAULT_TARGET}; with --repro: "
                                       "the repro's, or this one, e.g. your fixed variant)")
     run.add_argument("--n", type=int_at_least(1), help="run only the first N trajectories")
+    run.add_argument("--steps", type=int_at_least(1), metavar="K",
+                     help="training steps: the rollout called K times in one worker, each step on the next N "
+                          "trajectories, the weight version advanced between steps (default 1)")
+    run.add_argument("--on-step-failure", choices=("stop", "continue"),
+                     help="after a step that raised: stop (default), or continue with the next step in the same "
+                          "process")
     run.add_argument("--python", metavar="PATH", help="run the target in a worker under this interpreter (its own "
                      "virtual environment); default: the target's environment from `make targets`, else this one")
     run.add_argument("--in-process", action="store_true",

@@ -32,6 +32,8 @@ LIVE: dict[str, tuple[str, str]] = {
     "connection_reset": (APPLIES, "the proxy drops the connection instead of answering"),
     "context_length_error": (APPLIES, "the proxy answers the context-length 400 instead of the engine's reply"),
     "empty_completion": (NEEDS_TOKENIZER, "replaces the reply by a stop with no tokens (the stop token's id)"),
+    "hold_weights": (REFUSED, "it keeps the mock's weight version from advancing between the steps of run --steps; "
+                     "a live engine's weights are its trainer's to publish"),
     "http_error": (APPLIES, "the proxy answers the error status instead of the engine's reply"),
     "latency": (APPLIES, "the proxy holds the engine's reply"),
     "logprob_length_mismatch": (APPLIES, "the proxy shortens or lengthens the reply's logprob entries"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterator
 
-SCHEDULE_KEYS = ("p", "every", "first", "trajectories", "groups", "turns", "attempts", "window", "endpoints")
+SCHEDULE_KEYS = ("p", "every", "first", "trajectories", "groups", "turns", "attempts", "window", "endpoints", "steps")
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,9 @@ class Schedule:
     attempts: IntRanges | None = None
     window: tuple[float, float] | None = None  # [start, end) seconds since the plan's first request (FaultEngine)
     endpoints: frozenset[str] | None = None
+    # training steps (`run --steps K`, 0 to K-1) the rule is in the plan for: the step driver (`bench.steps`) puts
+    # it in the server's plan only during those steps, so `fires` does not look at it; outside `run` it is ignored
+    steps: IntRanges | None = None
 
     def fires(self, seed: int, rule: str, target: Target, elapsed: float) -> bool:
         if self.endpoints is not None and target.endpoint not in self.endpoints:
@@ -225,7 +228,7 @@ def parse_schedule(values: dict[str, Any]) -> Schedule:
             parsed[key] = _probability(value)
         elif key in ("every", "first"):
             parsed[key] = _positive(key, value)
-        elif key in ("turns", "attempts"):
+        elif key in ("turns", "attempts", "steps"):
             parsed[key] = _ints(key, value)
         elif key in ("trajectories", "groups", "endpoints"):
             parsed[key] = _strings(key, value)

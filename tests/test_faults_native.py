@@ -51,7 +51,7 @@ COVERED = {
     "raise_after_generate", "router_no_workers", "slow_first_token", "stale_weight_version", "stall", "stream_cut",
     "stream_no_finish_reason", "truncated_body", "wrong_content_type", "zero_length",
 }
-NOT_NATIVE_SERVER = {"stale_retry", "text_without_ids"}  # client-side / OpenAI-only
+NOT_NATIVE_SERVER = {"stale_retry", "text_without_ids", "hold_weights"}  # client-side / OpenAI-only / step boundaries
 
 
 # -- raw HTTP ------------------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ def job_to_json(job: RolloutJob) -> str:
         "seed": job.seed,
         "client_faults": [rule_table(rule) for rule in job.client_faults],
         "options": job.options,
+        "steps": job.steps, "on_step_failure": job.on_step_failure,
     })
 
 
@@ -61,6 +62,7 @@ def job_from_json(text: str) -> RolloutJob:
         seed=data["seed"],
         client_faults=[make_rule(table, table["name"]) for table in data["client_faults"]],
         options=data["options"],
+        steps=data.get("steps", 1), on_step_failure=data.get("on_step_failure", "stop"),
     )
 
 

@@ -109,10 +109,16 @@ async def _run(channel: _Channel, target_spec: str, options: dict[str, Any], tas
     attribution.install()  # after the target's imports: its HTTP clients are loaded by now
     before = asyncio.all_tasks()
     try:
-        if prepare is not None:  # the framework's own start-up for this job (Ray, actors): not yet the rollout
-            await asyncio.to_thread(prepare, job)
-            channel.send("ready", at=time.time())
-        await asyncio.create_task(exits_as_errors(target.run(job, emit)), name=f"target {target.name}")
+        if job.steps > 1:  # `run --steps K`: K rollouts in this process, each step's end reported to the bench
+            from bench.steps.loop import run_steps
+
+            await run_steps(target, job, emit, on_prepared=None if prepare is None else
+                            lambda: channel.send("ready", at=time.time()))
+        else:
+            if prepare is not None:  # the framework's own start-up for this job (Ray, actors): not yet the rollout
+                await asyncio.to_thread(prepare, job)
+                channel.send("ready", at=time.time())
+            await asyncio.create_task(exits_as_errors(target.run(job, emit)), name=f"target {target.name}")
     except BaseException as error:  # noqa: BLE001 - the batch crashing is a result, reported in full
         channel.send("error", error=error_to_dict(error_info(error)), at=time.time())
     leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]

@@ -276,6 +276,9 @@ def write_repros(result: RunResult, folder: str | Path, *, budget: Budget | None
     folder.mkdir(parents=True, exist_ok=True)
     write_config(result.config, folder / "run.toml", result=result)
     say = say or (lambda line: print(line, file=sys.stderr))
+    if result.config.steps > 1:  # a rerun of some trajectories is not a rerun of some steps (bench.steps)
+        say("repros: none for a multi-step run yet; run.toml reruns the whole run, steps and all")
+        return []
     outcomes = []
     found = signatures(result.violations)
     for number, (signature, violation) in enumerate(found, start=1):
@@ -360,8 +363,10 @@ def write_config(config: RunConfig, path: Path, *, result: RunResult | None = No
     known = _known_spec(config, result)
     if known:  # the same findings stay known in the rerun
         lines.append(f"known = {toml_value(known)}")
+    if config.steps > 1:  # a multi-step run: its steps and policy; its slices come from `n` (steps that ran or not)
+        lines += [f"steps = {config.steps}", f"on_step_failure = {toml_value(config.on_step_failure)}"]
     trajectories = config.trajectories if config.trajectories is not None else (
-        [r.trajectory for r in result.records] if result is not None else None)
+        [r.trajectory for r in result.records] if result is not None and config.steps == 1 else None)
     if trajectories is not None:
         lines.append(f"trajectories = {toml_value(trajectories)}")
     elif config.n is not None:
@@ -410,7 +415,7 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
                                     "target_options": dict(data.get("target_options", {})), "known": data.get("known")}
         for key in ("python", "concurrency", "time_scale", "watchdog_s", "deadline_s", "invariants", "n", "upstream",
-                    "tokenizer_dir"):
+                    "tokenizer_dir", "steps", "on_step_failure"):
             if key in data:
                 recorded[key] = data[key]
         if "bounds" in data:

@@ -32,6 +32,7 @@ from bench.records.request_log import RequestRecord
 from bench.records.sample import ErrorInfo, SampleRecord
 from bench.records.served_tokens import ServedTokens
 from bench.replay.store import RecordedTrajectory
+from bench.steps import run as steps
 from bench.targets import (DEFAULT_TARGET, Emit, RolloutJob, TargetAdapter, TrajectorySpec, check_target_spec,
                            framework_info_of, resolve_target, tokens_source_of)
 from bench.targets.frameworks.envs import target_python
@@ -73,6 +74,8 @@ class RunConfig:
     # the trace's tokenizer, when it is not the bench's (a recording of a real model): a local Hugging Face folder
     # the mock adapts answers with and the target loads as the job's tokenizer
     tokenizer_dir: str | None = None
+    steps: int = 1  # training steps: the rollout called this many times in one worker (`bench.steps`)
+    on_step_failure: str = "stop"  # "continue": after a step that raised, the next one runs in the same process
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -93,6 +96,7 @@ class RunConfig:
                 raise ValueError(f"{name}={value}: needs a finite number of seconds > 0")
         if not math.isfinite(self.time_scale) or self.time_scale < 0:
             raise ValueError(f"time_scale={self.time_scale}: needs a finite number >= 0")
+        steps.check_step_arguments(self.steps, self.on_step_failure)
 
 
 @dataclass
@@ -125,6 +129,7 @@ class RunResult:
     # SIGINT/SIGTERM to the bench ended the run early: what it gathered is reported, marked so (`interruption`)
     interrupted: str | None = None
     violations_not_judged: int = 0  # found on trajectories the interruption cut off, or on the whole run: dropped
+    steps: dict[str, Any] | None = None  # a multi-step run's per-step table and first violation (`bench.steps.run`)
 
     def __repr__(self) -> str:
         """Short: `asyncio.run` formats the finished main task's result when it restores the SIGINT handler, and
@@ -162,6 +167,11 @@ async def _started(task: asyncio.Task[None], target: TargetAdapter, limit_s: flo
 
 async def _prepare_and_run(target: TargetAdapter, job: RolloutJob, emit: Emit, prepared: asyncio.Event) -> None:
     """An inline target's `prepare(job)` (an isolated one prepares in its worker), then its rollout."""
+    if job.steps > 1 and not isinstance(target, IsolatedTarget):  # inline: the steps loop runs beside the server
+        from bench.steps.loop import run_steps
+
+        await run_steps(target, job, emit, measure=False, on_prepared=prepared.set)
+        return
     prepare = None if isinstance(target, IsolatedTarget) else getattr(target, "prepare", None)
     if prepare is not None:
         await asyncio.to_thread(prepare, job)
@@ -305,14 +315,16 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         collector.freeze_loaded()  # the trace is in memory for the whole run: no full collection walks it again
         chosen = store.trajectories if config.trajectories is None else [
             store.by_id[t] for t in config.trajectories]
-        chosen = chosen[: config.n] if config.n is not None else chosen
+        chosen = steps.select(chosen, config.n, config.steps, str(store.path))
         specs = [_spec(t) for t in chosen]
+        board = steps.start(server.context, config.plan, [s.id for s in specs], config.steps)
         server.context.identifier.dispatched = frozenset(s.id for s in specs)
         plan = config.plan
         job = RolloutJob(server.url, specs, store.header.context_length, server.context.tokenizer_folder,
                          config.concurrency,
                          plan.seed if plan else 0, [r for r in (plan.rules if plan else ()) if not r.fault.server_side],
-                         {"trace": str(store.path), **config.target_options})
+                         {"trace": str(store.path), **config.target_options}, steps=config.steps,
+                         on_step_failure=config.on_step_failure)
         records: dict[str, SampleRecord] = {}
         emitted: dict[str, int] = {}
         bar = progress_bar(total=len(specs), desc=target.name, enabled=show_progress)
@@ -353,6 +365,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         idle_s = config.watchdog_s if started_in_time else config.startup_s
         returned_at = None if hung else time.time()
         accepting = False
+        if board is not None:
+            board.close()  # a step that ends from now on is not the run's: its records are not taken either
         bar.close()
         hang = batch_error = None
         if interrupted:
@@ -370,16 +384,21 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
             raise task.exception()  # type: ignore[misc]
         elif task.exception() is not None:
             batch_error = _batch_error(task.exception())  # type: ignore[arg-type]
+        if board is not None and batch_error is None and not interrupted and (failed := board.first_error()):
+            batch_error = failed[1]  # the first step that raised (each step's own error is on the board)
         if hung:
             await _cancel({task})  # an isolated target's worker is killed, group and all
         orphans = {t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()}
         await _cancel(orphans)
         isolated = target if isinstance(target, IsolatedTarget) else None
         returned = set(records)
+        dispatched = steps.ran_ids(board, [s.id for s in specs])
+        specs = [s for s in specs if s.id in dispatched]  # steps after a stop never ran: none of theirs is lost
         for spec in specs:
             if spec.id not in records:
                 cause = ErrorInfo("Interrupted", f"the bench got {interrupted} before this trajectory came back", "") \
-                    if interrupted else _loss_cause(spec.id, batch_error, hang)
+                    if interrupted else steps.loss_cause(board, spec.id, hang and _stall_cause(hang)) if board \
+                    else _loss_cause(spec.id, batch_error, hang)
                 records[spec.id] = SampleRecord(spec.id, spec.group, "lost", error=cause,
                                                 prompt_length=len(spec.prompt_ids))
         duration = time.monotonic() - clock
@@ -390,12 +409,18 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         tokenizer = server.context.tokenizer
         framework = framework_info_of(target)
         config = replace(config, bounds=declared_bounds(config.bounds, framework))
-        view = RunView(ordered, requests, events, plan,
+        step_violations, step_table = steps.finish(board, ordered, requests, events, config.on_step_failure) \
+            if board is not None else ([], None)
+        if board is not None and not interrupted:  # a failure after a failed step: rerun it in a fresh process
+            step_violations = await steps.confirm_in_fresh_process(config, board, step_violations)
+        view = RunView(ordered, requests, events, steps.view_plan(board, plan),
                        {s.id: s.group for s in specs}, store.header.context_length, target.fail_fast,
                        batch_error, hang, duration, config.bounds, emitted, server.context.served,
                        tokens_source_of(target), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                        upstream=config.upstream)
-        violations = check_all(view, config.invariants)
+        violations = check_all(view, config.invariants) + step_violations
+        if step_table is not None and board is not None:
+            step_table["first_violation"] = steps.first_violation(board, violations)
         judged = [v for v in violations if v.trajectory in returned] if interrupted else violations
         return RunResult(config, target.name, str(store.path), store.header.context_length, ordered,
                          view.requests, view.fault_events, judged, batch_error, hang, started, duration,
@@ -406,7 +431,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          provenance={t: a.label for t, a in provenance.assess(view).items()},
                          tokens_source=view.tokens_source, framework=framework,
                          worker_log=isolated.log_text() if isolated else None, interrupted=interrupted,
-                         violations_not_judged=len(violations) - len(judged))
+                         violations_not_judged=len(violations) - len(judged), steps=step_table)
 
 
 def declared_bounds(bounds: Bounds, framework: dict[str, str] | None) -> Bounds:

@@ -66,6 +66,7 @@ class SampleRecord:
     details: dict[str, Any] | None = None  # framework-specific evidence (JSON-able), e.g. a serialized error dict
     attempt: int | None = None  # which attempt at the trajectory this result is (1: the first); None: not said
     request_ids: list[str] = field(default_factory=list)  # its final attempt's requests, as the server named them
+    step: int = 0  # the training step whose rollout produced it (`run --steps K`: 0 to K-1; the bench sets it)
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:

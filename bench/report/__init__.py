@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from bench.orchestration.runner import RunResult
+from bench.steps.report import write_step_report
 
 from .junit import write_junit
 from .plots import write_plots
@@ -32,6 +33,7 @@ def write_report(result: RunResult, folder: str | Path, junit: str | Path | None
     summary = summarize(result, tables)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     write_plots(tables, folder, summary)
+    write_step_report(summary, folder)  # a multi-step run's steps.csv and steps.png
     write_junit(result, Path(junit) if junit else folder / "junit.xml", summary.get("provenance"))
     _keep_worker_log(result, folder)
     return summary
@@ -84,6 +86,7 @@ def rerender(folder: str | Path) -> dict[str, Any]:
     """Redraw a report folder's plots from its tables; returns its summary."""
     loaded = load(folder)
     write_plots({k: v for k, v in loaded.items() if isinstance(v, pd.DataFrame)}, Path(folder), loaded["summary"])
+    write_step_report(loaded["summary"], Path(folder))  # a multi-step run's steps.csv and steps.png
     return loaded["summary"]  # type: ignore[no-any-return]
 
 

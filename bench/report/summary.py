@@ -20,6 +20,7 @@ from bench.invariants.vacuity import reach
 from bench.orchestration.runner import RunResult
 from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES
 from bench.server.router import GENERATION_ROUTES
+from bench.steps.report import step_lines
 
 from .status import honesty_line, honesty_summary
 
@@ -186,6 +187,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "worker": result.worker,
         "orphans_cancelled": result.orphans_cancelled,
         "orphaned_requests": orphaned_requests(trajectories, requests, result.target_returned_at),
+        "steps": result.steps,  # a multi-step run (`run --steps K`): per-step rows, first violation (`bench.steps`)
     }
 
 
@@ -258,6 +260,7 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
     elif fidelity:
         verdict = "UNFAITHFUL, the findings are not about the recording" if fidelity["unfaithful"] else "faithful"
         lines.append(("replay fidelity", f"{verdict}: {describe_fidelity(fidelity)}"))
+    lines += step_lines(summary)
     violations = summary["violations"]
     lines.append(("violations", _violation_counts(violations) if violations else "none"))
     for violation in violations[:10]:

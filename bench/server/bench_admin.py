@@ -11,6 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
+from bench.steps import STEP_ROUTE
+from bench.steps.board import step_route
 from faults import FaultError, Plan, PlanError, plan_from_specs
 from faults.plan import parse_plan
 
@@ -67,3 +69,4 @@ def add_bench_routes(app: web.Application) -> None:
     app.router.add_get("/bench/plan", get_plan)
     app.router.add_put("/bench/plan", put_plan)
     app.router.add_post("/bench/plan", put_plan)
+    app.router.add_post(STEP_ROUTE, step_route)  # a multi-step run's worker reports each step's end

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -66,6 +66,7 @@ class ServerContext:
         self.replies = ReplyCache()  # the fast path's saved replies (`native_fast`)
         self.chat_replies = ChatReplies()  # the chat route's (`openai_fast`)
         self.fast_path = True  # False: every request takes the slow path (tests compare the two)
+        self.steps: Any = None  # a multi-step run's `bench.steps.board.StepBoard` (`POST /bench/step`)
         self.url = ""
 
     def target(self, identity: Identity, endpoint: str) -> Target:

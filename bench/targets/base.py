@@ -9,6 +9,7 @@ the trajectories that never came back as lost, and never crashes itself.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -42,6 +43,16 @@ class RolloutJob:
     seed: int = 0
     client_faults: list[Rule] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    # `run --steps K`: the rollout is called K times in one process, each call with its step's trajectories and
+    # `step` 0 to K-1 (slime's `rollout_id`, prime-rl's `step`); an adapter that ignores `step` still works
+    step: int = 0
+    steps: int = 1
+    on_step_failure: str = "stop"  # "continue": a step that raised is followed by the next one, same process
+
+    def for_step(self, step: int) -> "RolloutJob":
+        """The job of one step: its equal slice of the trajectories (the bench checked they divide evenly)."""
+        size = len(self.trajectories) // self.steps
+        return dataclasses.replace(self, trajectories=self.trajectories[step * size:(step + 1) * size], step=step)
 
     def groups(self) -> dict[str, list[TrajectorySpec]]:
         grouped: dict[str, list[TrajectorySpec]] = {}

@@ -22,6 +22,8 @@ REGISTRY: dict[str, str] = {
     "ref-replay-buffer": "bench.targets.reference.replay_buffer:RefReplayBuffer",
     "ref-scheduler": "bench.targets.reference.scheduler:RefScheduler",
     "ref-tool-loop": "bench.targets.reference.tool_loop:RefToolLoop",
+    "ref-step-leak": "bench.targets.reference.step_leak:RefStepLeak",  # `run --steps K`: leaks per step
+    "ref-step-singleton": "bench.targets.reference.step_singleton:RefStepSingleton",  # a failed step's state stays
     "verifiers": "bench.targets.frameworks.verifiers.target:VerifiersTarget",
     "miles": "bench.targets.frameworks.miles.target:MilesTarget",
     "slime": "bench.targets.frameworks.slime.target:SlimeTarget",

@@ -12,7 +12,7 @@ One run, in the target's own process:
 - the args namespace is built offline from the job (names the code reads and the job does not
   decide are None, as an unset option is); the tokenizer folder is `hf_checkpoint`, the bench
   server is the router, the job's concurrency is the server concurrency;
-- the process-wide state a previous run left is evicted (the `GenerateState` singleton, the
+- at a run's first step, the process-wide state a previous run left is evicted (the `GenerateState` singleton, the
   httpx client bound to the framework's loop, `load_function`'s cache, the eval dataset cache);
 - the trace's prompts become the framework's `Sample`s, one group per trace group, fed through a
   data source (train) or an eval dataset file (eval); the framework's plug-in switches point at
@@ -287,12 +287,14 @@ class SlimeFamilyTarget:
 
     def _rollout(self, job: RolloutJob, options: dict[str, Any], mods: Modules) -> list[SampleRecord]:
         args = build_args(job, self.framework, options)
-        evict(mods)
+        if job.step == 0:  # `run --steps K`: later steps keep the process-wide state, as the framework's trainer does
+            evict(mods)
         mods.http_utils.init_http_client(args)
         client = mods.http_utils._http_client
         if client is None:
             raise RuntimeError(f"{self.framework.name}: init_http_client made no client (rollout engines: 0?)")
-        client.event_hooks["request"].append(plugins.name_request)
+        if plugins.name_request not in client.event_hooks["request"]:
+            client.event_hooks["request"].append(plugins.name_request)
         trace = trace_for(job, options)
         recorded = RecordedTools.load(trace, job.trajectories) if trace is not None and trace.exists() else None
         inner_path = self.framework.generate_path(job, options)
@@ -315,7 +317,7 @@ class SlimeFamilyTarget:
     def _train(self, job: RolloutJob, args: Args, mods: Modules) -> dict[str, _Returned]:
         """`generate_rollout` per group size (one rollout step each), then the rollout manager's resubmissions."""
         returned: dict[str, _Returned] = {}
-        step = 0
+        step = job.step * (1 + MAX_RESUBMISSIONS)  # the rollout id: unique per call, one step after the other
         for size, groups in _by_size(job).items():
             feed = _Feed([[new_sample(mods, spec, group_index, index) for index, spec in members]
                           for group_index, members in groups])

@@ -1,0 +1,137 @@
+"""The bench's side of a multi-step run, kept by the server: what each step was given and what it reported.
+
+At the start of every step the board puts the fault plan's rules for that step in the server's plan (a rule
+with `steps = "3-5"` is there only during steps 3 to 5; one without `steps`, always) and publishes the step's
+weights: the server's weight version becomes the step's number, the way a trainer's weight sync moves it, with
+the plan's `abort_all_on_weight_update` rules acting on it as on any weight update. A `hold_weights` rule for
+the step keeps the previous version instead. Served replies carry the version current when they were generated.
+
+The worker reports each step's end on `POST /bench/step` (`loop.post_step`): when the rollout returned, its error
+if it raised, and what the process held afterwards. The board then starts the next step and answers, so the
+worker never starts a step before its weights are published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from bench.records.sample import ErrorInfo
+from faults import Plan
+
+HOLD_WEIGHTS = "hold_weights"
+
+
+@dataclass
+class StepState:
+    """One step as the bench saw it."""
+
+    step: int
+    started: float  # unix time the bench published its weights (the worker starts it right after)
+    weight_version: str
+    held_by: list[str] = field(default_factory=list)  # `hold_weights` rules that kept the previous version
+    rules: list[str] = field(default_factory=list)  # the plan's rules in force during the step
+    began: float | None = None  # unix time the worker started the step's rollout (its `prepare` included)
+    returned: float | None = None  # unix time (the worker's clock: the same machine) the rollout returned
+    error: ErrorInfo | None = None
+    resources: dict[str, Any] | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.returned is not None
+
+
+def plan_for_step(plan: Plan | None, step: int) -> Plan | None:
+    """The plan's rules in force during `step`: those without `steps`, and those whose `steps` name it."""
+    if plan is None:
+        return None
+    rules = tuple(rule for rule in plan.rules if rule.schedule.steps is None or step in rule.schedule.steps)
+    return plan if len(rules) == len(plan.rules) else dataclasses.replace(plan, rules=rules)
+
+
+def plan_for_steps(plan: Plan | None, steps: range) -> Plan | None:
+    """The plan's rules in force during any of `steps` (what a run that ran those steps can be judged on)."""
+    if plan is None:
+        return None
+    rules = tuple(rule for rule in plan.rules
+                  if rule.schedule.steps is None or any(step in rule.schedule.steps for step in steps))
+    return plan if len(rules) == len(plan.rules) else dataclasses.replace(plan, rules=rules)
+
+
+class StepBoard:
+    """Per-step state of one run; `context` is the server's `ServerContext` (its fault engine and state)."""
+
+    def __init__(self, context: Any, plan: Plan | None, steps: int, step_of: dict[str, int]) -> None:
+        self.context, self.plan, self.steps, self.step_of = context, plan, steps, step_of
+        self.states: list[StepState] = []
+        self.closed = False  # the runner stopped waiting (a hang, the deadline, a signal): no step ends or starts
+
+    def close(self) -> None:
+        """The run is over for the bench: a step report arriving now is too late, and no further step starts (the
+        worker is told so and returns; it is being killed anyway)."""
+        self.closed = True
+
+    def begin(self, step: int) -> StepState:
+        """Start `step`: its rules in the server's plan, its weights published (unless a rule holds them)."""
+        step_plan = plan_for_step(self.plan, step)
+        if step_plan is not None and step_plan is not self.context.faults.plan:
+            self.context.faults.swap(step_plan)
+        rules = list(step_plan.rules) if step_plan is not None else []
+        held = [rule.name for rule in rules if rule.fault.name == HOLD_WEIGHTS]
+        state = self.context.state
+        if step > 0 and not held:
+            self.context.weight_update("/bench/step")  # abort_all_on_weight_update rules act on it
+            state.weight_version = str(step)
+        elif step == 0 and not held:
+            state.weight_version = "0"
+        current = StepState(step, time.time(), state.weight_version, held, [rule.name for rule in rules])
+        self.states.append(current)
+        return current
+
+    def end(self, report: dict[str, Any]) -> dict[str, Any]:
+        """The worker's report of a step's end; starts the next step unless this was the last."""
+        step = report.get("step")
+        if self.closed:
+            return {"next": None, "closed": True}
+        if not isinstance(step, int) or not self.states or step != self.states[-1].step:
+            raise ValueError(f"a report for step {step!r}, but the running step is "
+                             f"{self.states[-1].step if self.states else None}")
+        current = self.states[-1]
+        current.returned = float(report.get("returned") or time.time())
+        current.began = float(report.get("started") or current.started)
+        error = report.get("error")
+        current.error = None if error is None else ErrorInfo(str(error.get("type")), str(error.get("message")),
+                                                             str(error.get("traceback", "")), error.get("trajectory"))
+        current.resources = report.get("resources")
+        if report.get("last") or step + 1 >= self.steps:
+            return {"next": None}
+        following = self.begin(step + 1)
+        return {"next": following.step, "weight_version": following.weight_version}
+
+    def ran(self) -> int:
+        """How many steps started."""
+        return len(self.states)
+
+    def first_error(self) -> tuple[int, ErrorInfo] | None:
+        return next(((s.step, s.error) for s in self.states if s.error is not None), None)
+
+
+async def step_route(request: web.Request) -> web.Response:
+    """`POST /bench/step`: a multi-step run's worker reports a step's end (`loop.post_step`)."""
+    from bench.server import wire
+    from bench.server.context import context_of
+
+    board = getattr(context_of(request), "steps", None)
+    if board is None:
+        return wire.json_response({"error": "no multi-step run (`run --steps K`) on this server"}, 404)
+    try:
+        body = wire.decode_json(await request.read())
+        if not isinstance(body, dict):
+            raise ValueError(f"expected a JSON object, got {type(body).__name__}")
+        return wire.json_response(board.end(body))
+    except (ValueError, wire.NotJson) as error:
+        return wire.json_response({"error": f"{request.path}: {error}"}, 400)

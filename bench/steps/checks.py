@@ -1,0 +1,147 @@
+"""Findings across the steps of one run, each with its evidence per step.
+
+- `step_resources`: a resource the worker holds grows with steps. Counts (live asyncio tasks, threads, open file
+  descriptors, sockets, child processes) leak when, over at least three measured steps, the count is higher after
+  every step than after the step before: a pool or cache the first steps fill (a thread pool, a connection pool
+  that grows to the concurrency) stops growing, a leak does not. Resident memory leaks when it ends
+  more than `RSS_BOUND_BYTES` (64 MiB) above its level after the first step, having grown in at least half of
+  the steps after it.
+- `step_late_requests`: requests of a step's trajectories that arrived once a later step had begun (its weights
+  published, after the step's rollout returned): something the step started (an orphaned task, a thread) still
+  calls the server. Requests arriving between a step's return and the next step's start are not counted: a
+  request sent just before the rollout raised can reach the server after it.
+- `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault
+  reached (or naming none): what the earlier failure left behind (a dirtied singleton, a half-closed client) is
+  the first suspect. The evidence has both errors and what the process held after each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.invariants.base import Violation
+from bench.invariants.root_cause import root_cause
+from bench.records.request_log import RequestRecord
+from faults import FaultEvent
+
+from .board import StepBoard, StepState
+
+COUNTED = ("tasks", "threads", "sockets", "fds", "children")  # sockets before fds: see `resource_growth`
+RSS_BOUND_BYTES = 64 * 1024 * 1024
+MIN_STEPS_FOR_GROWTH = 3
+_LISTED = 5
+
+
+def check_steps(board: StepBoard, requests: list[RequestRecord], fault_events: list[FaultEvent]) -> list[Violation]:
+    return [*resource_growth(board.states), *late_requests(board, requests), *carryover(board.states, fault_events)]
+
+
+def _measured(states: list[StepState], key: str) -> list[tuple[int, Any]]:
+    return [(s.step, s.resources.get(key)) for s in states
+            if s.resources is not None and s.resources.get(key) is not None]
+
+
+def resource_growth(states: list[StepState]) -> list[Violation]:
+    out = []
+    growth: dict[str, int] = {}
+    for kind in COUNTED:
+        series = _measured(states, kind)
+        if len(series) < MIN_STEPS_FOR_GROWTH:
+            continue
+        counts = [count for _, count in series]
+        if all(later > earlier for earlier, later in zip(counts, counts[1:])):  # more after every step
+            growth[kind] = counts[-1] - counts[0]
+            if kind == "fds" and growth["fds"] <= growth.get("sockets", 0):
+                continue  # the sockets account for every new descriptor: one finding, not two
+            first = next(step for step, count in series if count > counts[0])
+            out.append(_growth(kind, series, first, states))
+    rss = _measured(states, "rss_bytes")
+    if len(rss) >= MIN_STEPS_FOR_GROWTH:
+        values = [value for _, value in rss]
+        grew = sum(later > earlier for earlier, later in zip(values, values[1:]))
+        if values[-1] - values[0] > RSS_BOUND_BYTES and grew * 2 >= len(values) - 1:
+            first = next(step for step, value in rss if value - values[0] > RSS_BOUND_BYTES)
+            out.append(_growth("rss_bytes", rss, first, states))
+    return out
+
+
+def _growth(kind: str, series: list[tuple[int, Any]], first: int, states: list[StepState]) -> Violation:
+    named_kind = {"fds": "files", "rss_bytes": None}.get(kind, kind)
+    by_step = {s.step: s for s in states}
+    new: list[str] = []
+    if named_kind is not None:
+        before = set((by_step[series[0][0]].resources or {}).get("named", {}).get(named_kind, []))
+        after = (by_step[series[-1][0]].resources or {}).get("named", {}).get(named_kind, [])
+        new = [name for name in after if name not in before][:_LISTED]
+    shown = (lambda v: f"{v / 2**20:.0f} MiB") if kind == "rss_bytes" else str
+    return Violation(
+        "step_resources", None,
+        f"{kind} grow with steps: {' -> '.join(shown(v) for _, v in series)} after steps "
+        f"{series[0][0]}-{series[-1][0]}; first above step {series[0][0]}'s level after step {first}"
+        + (f"; new since step {series[0][0]}: {'; '.join(new)}" if new else ""),
+        {"check": "resources", "resource": kind, "first_step": first,
+         "per_step": {str(step): value for step, value in series}, "new": new,
+         "bound": (f"more than {RSS_BOUND_BYTES // 2**20} MiB above step {series[0][0]}'s level, growing in at least "
+                   "half of the steps" if kind == "rss_bytes" else
+                   "higher after every step than after the step before")})
+
+
+def late_requests(board: StepBoard, requests: list[RequestRecord]) -> list[Violation]:
+    """Requests of step k's trajectories that arrived after step k returned and step k+1 began."""
+    by_step: dict[int, list[tuple[RequestRecord, int]]] = {}
+    states = board.states
+    for request in requests:
+        step = board.step_of.get(request.trajectory or "")
+        if step is None or step >= len(states) - 1:
+            continue  # the last step that ran: nothing ran after it (its leftovers died with the worker)
+        returned, following = states[step].returned, states[step + 1].started
+        if returned is None or request.started <= max(returned, following):
+            continue  # arrived before the next step began: sent before the step returned, or in its last moments
+        running = max((s.step for s in states if s.started <= request.started), default=step)
+        by_step.setdefault(step, []).append((request, running))
+    out = []
+    for step, late in sorted(by_step.items()):
+        returned = states[step].returned or 0.0
+        listed = [{"trajectory": r.trajectory, "turn": r.turn, "endpoint": r.endpoint, "seq": r.seq,
+                   "after_return_s": round(r.started - returned, 3), "during_step": running,
+                   "weight_version": r.weight_version} for r, running in late[:_LISTED]]
+        during = sorted({running for _, running in late})
+        out.append(Violation(
+            "step_late_requests", late[0][0].trajectory,
+            f"{len(late)} requests for step {step} arrived after its rollout returned (during step"
+            f"{'s' if len(during) > 1 else ''} {', '.join(map(str, during))}): something step {step} started still "
+            f"calls the server", {"check": "late_requests", "step": step, "first_step": during[0],
+                                  "count": len(late), "during_steps": during, "first": listed},
+            occurrences=len(late)))
+    return out
+
+
+def carryover(states: list[StepState], fault_events: list[FaultEvent]) -> list[Violation]:
+    """A failed step after an earlier failed step, with no injected fault to explain it."""
+    failed = [s for s in states if s.error is not None]
+    if len(failed) < 2:
+        return []
+    first = failed[0]
+    out = []
+    for state in failed[1:]:
+        assert state.error is not None and first.error is not None
+        cause = root_cause(state.error, fault_events)
+        if cause.fault is not None:
+            continue  # an injected fault reached the code that raised: that explains it
+        out.append(Violation(
+            "step_carryover", state.error.trajectory,
+            f"step {state.step} failed after step {first.step} had failed ({first.error.type}): "
+            f"{cause.explain()[:500]}",
+            {"check": "carried_over", "step": state.step, "after_step": first.step, "first_step": state.step,
+             "error": {"type": state.error.type, "message": state.error.message, "trajectory": state.error.trajectory,
+                       "traceback": state.error.last_frames(12)},
+             "first_error": {"type": first.error.type, "message": first.error.message,
+                             "trajectory": first.error.trajectory, "traceback": first.error.last_frames(12)},
+             "held_after": {str(s.step): _counts(s) for s in states if first.step <= s.step <= state.step}}))
+    return out
+
+
+def _counts(state: StepState) -> dict[str, Any] | None:
+    if state.resources is None:
+        return None
+    return {key: state.resources.get(key) for key in (*COUNTED, "rss_bytes")}

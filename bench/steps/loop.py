@@ -1,0 +1,87 @@
+"""The worker's side of a multi-step run: call the target's rollout once per step, in this process.
+
+Each step gets `job.for_step(k)` (its slice of the trajectories, `job.step = k`); the same adapter object serves
+every step, so a framework that keeps state across steps keeps it. After each step the process is measured
+(`resources`) and the bench is told the step ended, with its error if it raised: `POST /bench/step` on the
+bench's server, written with asyncio streams (no thread, no HTTP library: nothing the measurement of the next
+step would count). The bench answers once it has published the next step's weights. A step that raised ends the
+run under `on_step_failure = "stop"`; under `"continue"` the next step runs, in the same process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from bench.isolation.exits import error_info, exits_as_errors
+from bench.records.sample import ErrorInfo
+from bench.targets.base import Emit, RolloutJob
+
+from . import STEP_ROUTE
+from .resources import snapshot
+
+REPORT_TIMEOUT_S = 60.0
+
+
+class StepReportError(RuntimeError):
+    """The bench did not take a step's report (its server refused it or did not answer)."""
+
+
+async def post_step(base_url: str, report: dict[str, Any]) -> dict[str, Any]:
+    """`POST /bench/step` with the step's report; the bench's answer (JSON)."""
+    url = urlsplit(base_url)
+    body = json.dumps(report, allow_nan=True).encode()
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(url.hostname, url.port), REPORT_TIMEOUT_S)
+    try:
+        writer.write(f"POST {STEP_ROUTE} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), REPORT_TIMEOUT_S)
+    finally:
+        writer.close()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1:2]
+    if status != [b"200"]:
+        raise StepReportError(f"{STEP_ROUTE} answered {head[:200]!r}: {payload[:500]!r}")
+    return json.loads(payload or b"{}")
+
+
+async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool = True,
+                    on_prepared: Callable[[], None] | None = None) -> None:
+    """Every step of `job` (`job.steps`), each reported to the bench before the next starts.
+
+    `measure`: take the process's resources after each step (a worker; an inline run shares the bench's process,
+    whose resources are not the target's). `on_prepared`: called once the first step's `prepare` is done."""
+    prepare = getattr(target, "prepare", None)
+    own = {task for task in (asyncio.current_task(),) if task is not None}
+    for step in range(job.steps):
+        step_job = job.for_step(step)
+        started = time.time()
+        error: ErrorInfo | None = None
+        try:
+            if prepare is not None:  # per step: `run` owns the teardown of what `prepare` started
+                await asyncio.to_thread(prepare, step_job)
+            if step == 0 and on_prepared is not None:
+                on_prepared()
+            rollout = asyncio.create_task(exits_as_errors(target.run(step_job, emit)),
+                                          name=f"target {target.name} step {step}")
+            await rollout
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the bench gave up on the run (a hang): not this step's result
+            error = error_info(asyncio.CancelledError())
+        except BaseException as raised:  # noqa: BLE001 - a step raising is its result, reported in full
+            error = error_info(raised)
+        returned = time.time()
+        last = step == job.steps - 1 or (error is not None and job.on_step_failure == "stop")
+        answer = await post_step(job.base_url, {
+            "step": step, "started": started, "returned": returned, "last": last,
+            "error": None if error is None else {"type": error.type, "message": error.message,
+                                                 "traceback": error.traceback, "trajectory": error.trajectory},
+            "resources": snapshot(own) if measure else None})
+        if last or answer.get("next") is None:  # the bench stopped the run (it gave up waiting): no next step
+            return

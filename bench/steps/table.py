@@ -1,0 +1,52 @@
+"""The per-step table of a multi-step run: what each step was given, what came back, what the process held."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.records.request_log import RequestRecord
+from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES, SampleRecord
+
+from .board import StepBoard
+from .checks import COUNTED
+
+
+def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[RequestRecord]) -> list[dict[str, Any]]:
+    """One row per step that started: samples and outcomes, drop rate, throughput, requests (late ones apart),
+    the weight version served, and the worker's resources after the step."""
+    rows = []
+    following = {earlier.step: later.started for earlier, later in zip(board.states, board.states[1:])}
+    for state in board.states:
+        mine = [r for r in records if r.step == state.step]
+        outcomes = {o: sum(1 for r in mine if r.outcome == o) for o in OUTCOMES}
+        asked = [q for q in requests if board.step_of.get(q.trajectory or "") == state.step]
+        duration = (state.returned - (state.began or state.started)) if state.returned is not None else None
+        finished = outcomes["completed"] + outcomes["truncated"]
+        resources = state.resources or {}
+        rows.append({
+            "step": state.step, "weight_version": state.weight_version, "weights_held_by": state.held_by,
+            "samples": len(mine), **{f"n_{o}": n for o, n in outcomes.items()},
+            "drop_rate": round(sum(outcomes[o] for o in DROPPED_OUTCOMES) / len(mine), 4) if mine else None,
+            "duration_s": None if duration is None else round(duration, 3),
+            "samples_per_s": round(finished / duration, 2) if duration else None,
+            "requests": len(asked),
+            # arrived once the next step had begun (`checks.late_requests`), or after the last step returned
+            "late_requests": sum(1 for q in asked if state.returned is not None and q.started > max(
+                state.returned, following.get(state.step, 0.0))),
+            "versions_served": sorted({q.weight_version for q in asked if q.weight_version is not None}),
+            "max_lag": _max_lag(state.weight_version, mine),
+            "error": None if state.error is None else f"{state.error.type}: {state.error.message[:200]}",
+            **{key: resources.get(key) for key in COUNTED},
+            "rss_mb": round(resources["rss_bytes"] / 2**20, 1) if resources.get("rss_bytes") is not None else None,
+        })
+    return rows
+
+
+def _max_lag(published: str, records: list[SampleRecord]) -> int | None:
+    """Versions between the step's weights and the oldest version a sample of it says it was served (0: on
+    policy); None when the versions are not numbers or no sample names one."""
+    if not published.isdigit():
+        return None
+    lags = [int(published) - min(int(v) for v in record.weight_versions if v.isdigit())
+            for record in records if any(v.isdigit() for v in record.weight_versions)]
+    return max(lags) if lags else None

@@ -1,0 +1,186 @@
+"""`run --steps K`: the rollout called K times in one worker process, weights published between steps, and the
+checks across steps (bench/steps/). Each check is shown catching a reference target's bug (`unfixed`) and passing
+its fix (`fixed`) at K = 5, in a worker process: the resources measured are the target's, not the bench's."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from bench import RunConfig, RunResult
+from bench.orchestration.runner import run_blocking
+from bench.steps.run import StepsError
+from faults import plan_from_specs
+
+K, N = 5, 4  # 5 steps of one group of 4 (agentic-500's groups are 4)
+TRACE = "agentic-500"
+
+
+def _run(target: str, *faults: str, steps: int = K, n: int = N, **options: object) -> RunResult:
+    options = {"watchdog_s": 20.0, **options}
+    return run_blocking(RunConfig(trace=TRACE, plan=plan_from_specs(list(faults), 0), target=target, n=n,
+                                  steps=steps, warm=False, **options))  # type: ignore[arg-type]
+
+
+def _names(result: RunResult) -> list[str]:
+    return sorted(v.invariant for v in result.violations)
+
+
+LEAKS = {"tasks": "tasks", "threads": "threads", "sockets": "sockets", "children": "children", "memory": "rss_bytes"}
+
+
+@pytest.mark.parametrize("leak", list(LEAKS))
+def test_a_leak_per_step_is_caught_and_its_fix_passes(leak: str) -> None:
+    unfixed = _run("ref-step-leak:unfixed", target_options={"leak": leak})
+    growth = [v for v in unfixed.violations if v.invariant == "step_resources"]
+    assert [v.evidence["resource"] for v in growth] == [LEAKS[leak]], unfixed.violations
+    evidence = growth[0].evidence
+    assert list(evidence["per_step"]) == [str(step) for step in range(K)]  # evidence for every step
+    assert evidence["first_step"] >= 1
+    assert unfixed.steps is not None and unfixed.steps["first_violation"]["invariant"] in ("step_resources",
+                                                                                          "step_late_requests")
+    if leak in ("tasks", "threads", "children", "sockets"):  # what grew is named: each step's leftover
+        assert len(evidence["new"]) == K - 1, evidence
+    fixed = _run("ref-step-leak:fixed", target_options={"leak": leak})
+    assert fixed.violations == [], [v.message for v in fixed.violations]
+    assert [row["samples"] for row in fixed.steps["rows"]] == [N] * K  # type: ignore[index]
+
+
+def test_an_orphaned_task_calling_the_server_after_its_step_is_caught() -> None:
+    # replayed at 1/20 of the recorded speed (as the command line does): each step lasts long enough (~0.1 s and
+    # more) for an over-sampling task left by an earlier step to call the server during it
+    unfixed = _run("ref-step-leak:unfixed", target_options={"leak": "tasks"}, time_scale=0.05)
+    late = [v for v in unfixed.violations if v.invariant == "step_late_requests"]
+    assert late, _names(unfixed)
+    for violation in late:
+        step = violation.evidence["step"]
+        assert all(during > step for during in violation.evidence["during_steps"])
+        first = violation.evidence["first"][0]
+        assert first["trajectory"] == violation.trajectory and first["after_return_s"] > 0
+    # the fixed variant's over-sampling task ends with its step: nothing arrives for a step that returned
+    fixed = _run("ref-step-leak:fixed", target_options={"leak": "tasks"}, time_scale=0.05)
+    assert fixed.violations == [], [v.message for v in fixed.violations]
+
+
+def test_a_singleton_a_failed_step_dirtied_is_reported_as_carried_over() -> None:
+    fault = "http_error:status=500,p=1,steps=2"  # every request of step 2 fails: ref-step-singleton is fail-fast
+    unfixed = _run("ref-step-singleton:unfixed", fault, on_step_failure="continue")
+    carried = [v for v in unfixed.violations if v.invariant == "step_carryover"]
+    assert [(v.evidence["step"], v.evidence["after_step"]) for v in carried] == [(3, 2), (4, 2)]
+    assert all(v.evidence["error"]["type"] == "RolloutAborted" for v in carried)
+    assert all(v.evidence["first_error"]["type"] == "ClientResponseError" for v in carried)
+    # rerun alone in a fresh worker, the same step passes: the failure came from the process, not the inputs
+    fresh = [v.evidence["fresh_process"] for v in carried]
+    assert [f["verdict"] for f in fresh] == ["passes in a fresh process: carried over"] * 2
+    assert [f["outcomes"] for f in fresh] == [{"completed": N}] * 2
+    assert len({f["worker_pid"] for f in fresh} | {unfixed.worker["pid"]}) == 3  # type: ignore[index]
+    assert unfixed.steps["first_violation"]["step"] == 3  # type: ignore[index]
+    assert _names(unfixed) == ["step_carryover", "step_carryover"]  # step 2 failed closed on the fault: correct
+    fixed = _run("ref-step-singleton:fixed", fault, on_step_failure="continue")
+    assert fixed.violations == [], [v.message for v in fixed.violations]
+    outcomes = {row["step"]: (row["n_completed"], row["n_lost"]) for row in fixed.steps["rows"]}  # type: ignore[index]
+    assert outcomes == {0: (N, 0), 1: (N, 0), 2: (0, N), 3: (N, 0), 4: (N, 0)}  # the step after the failure runs
+
+
+def test_stop_ends_the_run_at_the_failed_step() -> None:
+    result = _run("ref-step-singleton:unfixed", "http_error:status=500,p=1,steps=2")
+    assert result.steps is not None and (result.steps["ran"], result.steps["steps"]) == (3, K)
+    assert len(result.records) == 3 * N  # the steps after the stop were never dispatched: none of theirs is lost
+    assert {r.step for r in result.records if r.outcome == "lost"} == {2}
+    assert result.batch_error is not None and result.batch_error.type == "ClientResponseError"
+    assert result.violations == []  # fail-fast on an injected fault, then stopped: correct
+
+
+def test_weights_advance_per_step_unless_a_plan_holds_them() -> None:
+    result = _run("ref-step-leak:fixed", "hold_weights:steps=2-3", steps=K, target_options={"leak": "threads"})
+    rows = result.steps["rows"]  # type: ignore[index]
+    assert [row["weight_version"] for row in rows] == ["0", "1", "1", "1", "4"]
+    assert [row["versions_served"] for row in rows] == [["0"], ["1"], ["1"], ["1"], ["4"]]
+    assert rows[2]["weights_held_by"] == ["hold_weights#0"]
+    assert [row["max_lag"] for row in rows] == [0] * K  # each sample was served its step's weights
+    by_step = {r.step: set(r.weight_versions) for r in result.records}  # what the samples say they were served
+    assert by_step == {0: {"0"}, 1: {"1"}, 2: {"1"}, 3: {"1"}, 4: {"4"}}
+
+
+def test_a_rule_scheduled_by_step_fires_only_in_its_steps() -> None:
+    result = _run("ref-gather:fixed", "missing_logprobs:p=1,steps=1,3", steps=4)
+    steps_hit = {result.steps and next(r.step for r in result.records if r.trajectory == e.trajectory)
+                 for e in result.fault_events}
+    assert steps_hit == {1, 3}
+    assert len(result.fault_events) == 2 * N
+
+
+def test_steps_must_fit_the_trace_and_keep_groups_whole() -> None:
+    with pytest.raises(StepsError, match="has 500"):
+        _run("ref-gather:fixed", steps=3, n=200)
+    with pytest.raises(StepsError, match="split across two steps"):
+        _run("ref-gather:fixed", steps=2, n=3)
+    with pytest.raises(ValueError, match="steps=0"):
+        RunConfig(steps=0)
+    with pytest.raises(ValueError, match="on_step_failure"):
+        RunConfig(steps=2, on_step_failure="retry")
+
+
+def test_the_command_line_refuses_bad_step_arguments_up_front() -> None:
+    for bad in (["--steps", "0"], ["--steps", "two"], ["--on-step-failure", "retry"]):
+        done = subprocess.run([sys.executable, "-m", "bench", "run", *bad], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "--steps" in done.stderr or "--on-step-failure" in done.stderr
+
+
+def test_one_step_runs_as_before_and_inline_runs_steps_unmeasured() -> None:
+    one = _run("ref-gather:fixed", steps=1)
+    assert one.steps is None and {r.step for r in one.records} == {0}
+    inline = _run("ref-gather:fixed", steps=3, isolation="inline")
+    assert inline.violations == [] and len(inline.records) == 3 * N
+    assert [row["tasks"] for row in inline.steps["rows"]] == [None] * 3  # type: ignore[index]
+
+
+def test_the_command_line_writes_the_per_step_table_and_plot(tmp_path: object) -> None:
+    import csv
+    from pathlib import Path
+
+    out = Path(str(tmp_path)) / "report"
+    done = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "ref-step-leak:unfixed", "--steps", "4",
+                           "--n", "4", "--plan", "none", "--target-option", "leak=threads", "--out", str(out),
+                           "--repro-reruns", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr  # a violation: the leak
+    assert "4 of 4 ran (on step failure: stop)" in done.stdout
+    assert re.search(r"first violation +step 1: step_resources: threads grow with steps", done.stdout), done.stdout
+    rows = list(csv.DictReader((out / "steps.csv").open()))
+    assert [row["step"] for row in rows] == ["0", "1", "2", "3"]
+    assert [int(row["threads"]) - int(rows[0]["threads"]) for row in rows] == [0, 1, 2, 3]
+    assert (out / "steps.png").stat().st_size > 10_000
+    assert "steps = 4" in (out / "run.toml").read_text()  # the rerun of the whole run is a multi-step run too
+
+
+def test_a_multi_step_run_gets_its_run_toml_and_no_trajectory_repro(tmp_path: object) -> None:
+    """The pytest plugin's `bench_run(target, steps=K)` writes repros through here: a multi-step run's is the
+    whole run, rerun with `--repro run.toml` (a subset of trajectories would not be a subset of steps)."""
+    from pathlib import Path
+
+    from bench.orchestration.repro import load_repro, write_repro
+
+    result = _run("ref-step-leak:unfixed", steps=3, target_options={"leak": "children"})
+    assert [v.invariant for v in result.violations] == ["step_resources"]
+    assert write_repro(result, Path(str(tmp_path)) / "repro.toml") is None
+    config = load_repro(Path(str(tmp_path)) / "run.toml").config
+    assert (config.steps, config.on_step_failure, config.n, config.trajectories) == (3, "stop", N, None)
+    again = run_blocking(config)
+    assert [v.invariant for v in again.violations] == ["step_resources"]
+
+
+def test_a_step_that_hangs_ends_the_run_there() -> None:
+    """Step 1's requests get no answer (`stall`): the watchdog ends the run in step 1; step 0's samples stand,
+    step 1's are lost to the hang, step 2 never started (its trajectories were never dispatched)."""
+    result = _run("ref-step-leak:fixed", "stall:p=1,steps=1", steps=3, watchdog_s=2.0,
+                  target_options={"leak": "threads"})
+    assert result.hang is not None and result.hang.kind == "hang"
+    assert result.steps is not None and result.steps["ran"] == 2
+    outcomes = {(r.step, r.outcome, r.error.type if r.error else None) for r in result.records}
+    assert outcomes == {(0, "completed", None), (1, "lost", "Hang")}
+    assert _names(result) == ["liveness"]
