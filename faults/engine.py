@@ -167,7 +167,7 @@ class CompiledPlan:
     """A plan's request rules, ready for deciding on every request at little cost, with exactly the decisions of
     `Schedule.fires` (in plan order): the conditions that depend only on where a request is (trajectory, group, turn,
     endpoint, trajectory index) are checked once per place, and a probability is compared as an integer against
-    the hash (`uniform` without its division), from byte strings built once per rule."""
+    the hash (`uniform` without its division), from a hash state per rule that already holds its key's start."""
 
     _PLACES = 100_000  # places remembered (unknown requests each make one: bounded)
 

@@ -56,7 +56,6 @@ class _Plain(msgspec.Struct, forbid_unknown_fields=True):
     return_prompt_token_ids: Union[bool, None] = None
 
 
-_decode_plain = msgspec.json.Decoder(_Plain).decode
 _plain_decoders: dict[int, Any] = {}  # vocabulary size -> a decoder of `_Plain` whose ids must lie in [0, size)
 
 
@@ -69,6 +68,8 @@ def _decoder_for(vocab_size: int) -> Any:
                                     forbid_unknown_fields=True)
         decode = _plain_decoders[vocab_size] = msgspec.json.Decoder(checked).decode
     return decode
+
+
 _KEY_LIMIT = 4096  # bytes of sampling parameters a saved reply may be keyed on
 
 # where the per-request values go in a saved reply; a body holding one of these strings itself is not saved
