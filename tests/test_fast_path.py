@@ -178,6 +178,8 @@ def test_the_benchmark_shape_for_every_turn_of_rlvr() -> None:
     {"input_ids": [1, 2, 3], "rid": ["a"]},
     {"input_ids": [1, True, 3]},
     {"input_ids": [1, 2.0, 3]},
+    {"input_ids": [1, 100_000, 3]},  # outside the vocabulary (100,000 ids): checked while decoding
+    {"input_ids": [1, -1, 3]},
     {"input_ids": []},
     {"input_ids": [1, 2, 3], "return_logprob": [True]},
     {"input_ids": [1, 2, 3], "logprob_start_len": True},

@@ -74,7 +74,7 @@ class RecordedTrajectory:
         recorded = self.turns[turn]
         if len(packed) != recorded.input_len * INT32:
             return False
-        return memoryview(self.sequences[recorded.sequence])[: len(packed)] == packed
+        return self.sequences[recorded.sequence].startswith(packed)  # a memcmp (a memoryview compares item by item)
 
 
 @dataclass

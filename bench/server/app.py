@@ -31,7 +31,9 @@ from .served import add_served_headers
 
 def create_app(ctx: ServerContext, control_token: str | None = None, limits: Limits = Limits()) -> web.Application:
     """The server's routes; with a `control_token`, `/bench/*` refuses requests without it (logged all the same)."""
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[read_and_log, require_control_token])
+    # the token's middleware only where there is a token to check: each middleware is a coroutine layer on every request
+    middlewares = [read_and_log] if control_token is None else [read_and_log, require_control_token]
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
     app[CONTEXT_KEY] = ctx
     app[LIMITS_KEY] = limits
     if control_token is not None:

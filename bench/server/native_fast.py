@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from hashlib import blake2b
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
@@ -56,7 +56,20 @@ class _Plain(msgspec.Struct, forbid_unknown_fields=True):
     return_prompt_token_ids: Union[bool, None] = None
 
 
-_decode_plain = msgspec.json.Decoder(_Plain).decode
+_plain_decoders: dict[int, Any] = {}  # vocabulary size -> a decoder of `_Plain` whose ids must lie in [0, size)
+
+
+def _decoder_for(vocab_size: int) -> Any:
+    """`_Plain`'s decoder with the ids' range checked while decoding (in C, instead of a `max` and a `min` after)."""
+    decode = _plain_decoders.get(vocab_size)
+    if decode is None:
+        in_vocabulary = Annotated[int, msgspec.Meta(ge=0, lt=vocab_size)]
+        checked = msgspec.defstruct("_PlainInVocabulary", [("input_ids", list[in_vocabulary])], bases=(_Plain,),
+                                    forbid_unknown_fields=True)
+        decode = _plain_decoders[vocab_size] = msgspec.json.Decoder(checked).decode
+    return decode
+
+
 _KEY_LIMIT = 4096  # bytes of sampling parameters a saved reply may be keyed on
 
 # where the per-request values go in a saved reply; a body holding one of these strings itself is not saved
@@ -116,12 +129,12 @@ def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: Sampling
            vocab_size: int) -> FastRequest | None:
     """The body as a fast-path request, or None: anything but one prompt of token ids, not streamed, with valid
     sampling parameters, takes the slow path (which rejects, batches, streams, tokenizes as SGLang does)."""
-    try:
-        body = _decode_plain(raw)
+    try:  # ids outside the vocabulary do not decode: the slow path refuses them
+        body = _decoder_for(vocab_size)(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     ids = body.input_ids
-    if not ids or body.stream or max(ids) >= vocab_size or min(ids) < 0:  # the slow path refuses those ids
+    if not ids or body.stream:
         return None
     key = bytes(body.sampling_params)
     if len(key) > _KEY_LIMIT:  # the caches key on these bytes: a large one takes the slow path, unsaved
