@@ -24,8 +24,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -e . -c constraints.txt
 	touch $@
 
+# [ray]: tests/test_sweep_ray.py runs a two-node Ray cluster on this machine (about 240 MB installed)
 $(VENV)/.installed-test: pyproject.toml constraints.txt | $(BIN)/python
-	$(PIP) install -e '.[test,transformers]' -c constraints.txt
+	$(PIP) install -e '.[test,transformers,ray]' -c constraints.txt
 	touch $@ $(VENV)/.installed
 
 # The default run finds the seed-000 crash, so its exit status is 1 (violations): that is the demo.
