@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -69,6 +70,47 @@ def test_a_node_missing_a_targets_environment_stops_the_sweep_before_any_run(clu
     assert len(problems) == 2, done.stderr[-3000:]  # both nodes named, each with its id and address
     assert all("127.0.0.1" in line for line in problems)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda sig: sig.name)
+def test_a_dead_ray_driver_leaves_nothing_running_and_resume_runs_only_what_is_missing(
+        cluster: Any, tmp_path: Path, sig: signal.Signals) -> None:
+    built, _ = cluster
+    out = tmp_path / "ray"
+    driver = subprocess.Popen([sys.executable, "-m", "bench", "sweep", *GRID, "--out", str(out), "--ray", built.address],
+                              cwd=ROOT, env=_env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        assert driver.stderr is not None
+        for line in driver.stderr:
+            if "[2/6]" in line:  # two runs finished, two more under way on the two nodes
+                driver.send_signal(sig)
+                break
+        stderr = driver.stderr.read()
+        driver.wait(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    if sig == signal.SIGTERM:  # stopped as a local sweep is: its tasks cancelled, sweep.json marked
+        assert driver.returncode == 128 + sig and "stopped by SIGTERM" in stderr, stderr[-2000:]
+        assert "trying again" not in stderr  # a cancelled task is not a lost node
+        assert json.loads((out / "sweep.json").read_text())["status"] == "interrupted"
+    finished = len((out / "sweep_rows.jsonl").read_text().splitlines())
+    assert 2 <= finished < 6
+    deadline = time.monotonic() + 60
+    while _processes_mentioning("rollout-bench-sweep-"):  # Ray ends a dead driver's tasks, their runs with them
+        assert time.monotonic() < deadline, _processes_mentioning("rollout-bench-sweep-")
+        time.sleep(0.5)
+
+    resumed = sweep("--resume", str(out), "--ray", built.address, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {out}: {finished} of 6 runs finished, {6 - finished} to run" in resumed.stderr
+    ledger = [json.loads(line)["row"]["run"] for line in (out / "sweep_rows.jsonl").read_text().splitlines()]
+    assert len(ledger) == 6 and len(set(ledger)) == 6  # only the missing runs ran, each once
+    table = pd.read_csv(out / "sweep.csv")
+    assert len(table) == 6 and set(table["outcome"]) == {"ok"}
+    assert (table["dropped"] == table["fault_events"]).all()
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import signal
 import sys
 import tarfile
 import tempfile
@@ -162,15 +163,22 @@ class RayExecutor:
         self._lock = threading.Lock()
         self._live: set[Any] = set()
         self._stopping = False
+        # one remote function for the whole sweep: Ray exports its code to the cluster once, not per run
+        self._remote = _ray().remote(_run_on_node).options(num_cpus=1, max_retries=0)
 
     @classmethod
     def connect(cls, address: str, targets: list[str], options: Any) -> "RayExecutor":
         """Join the cluster at `address` ("auto": RAY_ADDRESS or the local one) and check its nodes."""
         ray = _ray()
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         try:
             ray.init(address=address, logging_level="WARNING", log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as error:
             raise SweepError(f"--ray {address}: cannot join the cluster: {error}") from None
+        finally:
+            # Ray's driver installs its own SIGTERM handler (a stack dump, then exit): the sweep's stops it cleanly
+            if on_sigterm is not None:
+                signal.signal(signal.SIGTERM, on_sigterm)
         nodes = check_nodes(targets, list(options.run_args))
         for node in nodes:
             print(f"sweep: ray node {node.short} ({node.host}, {node.address}): {node.cpus:g} CPUs, rollout-bench "
@@ -215,7 +223,6 @@ class RayExecutor:
     def _run_point(self, point: GridPoint, out: Path, options: Any,
                    say: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         ray = _ray()
-        remote = ray.remote(_run_on_node).options(num_cpus=1, max_retries=0)
         nodes: list[str] = []
         failures: list[str] = []
         clock = time.monotonic()
@@ -223,7 +230,7 @@ class RayExecutor:
             with self._lock:
                 if self._stopping:
                     raise KeyboardInterrupt
-                task = remote.remote(point, options)
+                task = self._remote.remote(point, options)
                 self._live.add(task)
             try:
                 started = ray.get(next(task))
@@ -234,6 +241,8 @@ class RayExecutor:
                 return self._failed_row(point, options, "crashed", f"the Ray task failed: {error}", nodes, attempt,
                                         out, time.monotonic() - clock), []
             except (ray.exceptions.RayError, StopIteration) as error:
+                if self._stopping:  # cancelled by `_stop`: the sweep is ending, not the node
+                    raise KeyboardInterrupt from None
                 where = f"node {nodes[-1]}" if len(nodes) == attempt else "before it started"
                 failures.append(f"attempt {attempt} ({where}): {type(error).__name__}")
                 say(f"sweep: run {point.id}: attempt {attempt} lost ({where}: {type(error).__name__})"
