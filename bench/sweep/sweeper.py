@@ -14,6 +14,11 @@ stdin is a pipe only the sweep holds (`ROLLOUT_BENCH_STDIN_LIFELINE`), and a run
 of file kills its process group, its workers following through their own lifelines. Every process a
 sweep starts carries the sweep's marker in its environment (`bench.isolation.escapees`), and the sweep
 kills whatever still carries it when it ends.
+
+Where runs run is the executor's business: `LocalExecutor` (here, `jobs` subprocesses at a time) or
+`ray_executor.RayExecutor` (`--ray`: one Ray task per run, on the cluster's nodes); both hand each run's
+rows to `run_sweep`, which owns the tables, `sweep.json` and the ledger `--resume` reads (`resume`).
+`--shard K/N` picks part of the grid before either executor sees it (`grid.Shard`).
 """
 
 from __future__ import annotations
