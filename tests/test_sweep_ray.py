@@ -170,3 +170,58 @@ def test_a_node_dying_mid_sweep_loses_no_run_and_changes_no_figure(cluster: Any,
     assert record["status"] == "finished" and record["executor"] == "ray"
     assert set(record["ray"]["nodes"]) == nodes
     assert _processes_mentioning("rollout-bench-sweep-") == []  # the removed node's run did not outlive it
+
+
+@pytest.mark.slow
+def test_a_run_whose_node_dies_on_its_last_attempt_is_a_lost_row_that_resume_runs_again(
+        cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The retries are bounded: with one attempt allowed, the run under a removed node is `lost`, named with
+    its node and why; `--resume` runs it again (it says nothing about the target)."""
+    import threading
+
+    from bench.sweep.grid import parse_plans, parse_rates, parse_seeds
+    from bench.sweep.ray_executor import RayExecutor, check_nodes
+    from bench.sweep.sweeper import SweepOptions, run_sweep
+
+    built, _ = cluster
+    doomed_node = built.add_node(**NODE)
+    built.wait_for_nodes()
+    doomed = doomed_node.node_id[:8]
+    out = tmp_path / "ray"
+    ray.init(address=built.address, logging_level="WARNING", log_to_driver=False)
+    try:
+        executor = RayExecutor(built.address, check_nodes(["ref-gather:fixed"], []), max_attempts=1)
+        # a run per CPU, all at once: every node (one CPU each) gets one, the doomed node too
+        seeds = ",".join(str(seed) for seed in range(1, executor.cpus + 1))
+        grid = (parse_plans("seed-000"), ["ref-gather:fixed"], parse_rates("0.1"), parse_seeds(seeds))
+        options = SweepOptions(n=20, time_scale=0, jobs=executor.cpus)
+        result: dict[str, Any] = {}
+        sweeping = threading.Thread(target=lambda: result.update(rows=run_sweep(*grid, out, options,
+                                                                               executor=executor)))
+        sweeping.start()
+        seen, deadline = "", time.monotonic() + 120
+        while f"on node {doomed}" not in seen:
+            assert time.monotonic() < deadline and sweeping.is_alive(), seen
+            seen += capsys.readouterr().err
+            time.sleep(0.05)
+        built.remove_node(doomed_node)
+        sweeping.join(timeout=300)
+        seen += capsys.readouterr().err
+        rows = {row["run"]: row for row in result["rows"]}
+        [lost] = [row for row in rows.values() if row["nodes"] == doomed]
+        assert (lost["outcome"], lost["attempts"]) == ("lost", 1), lost
+        assert lost["error"].startswith(f"attempt 1 (node {doomed}): ") and lost["drop_rate"] is None, lost
+        assert "trying again" not in seen
+        kept = [row for row in rows.values() if row is not lost]
+        assert kept and {row["outcome"] for row in kept} == {"ok"}
+        assert json.loads((out / "sweep.json").read_text())["outcomes"]["lost"] == 1
+
+        again = run_sweep(*grid, out, options, resume=True, executor=RayExecutor(
+            built.address, check_nodes(["ref-gather:fixed"], []), max_attempts=1))
+        assert [row["outcome"] for row in again] == ["ok"] * len(rows)
+        walls = {row["run"]: row["wall_s"] for row in again}
+        assert all(walls[row["run"]] == row["wall_s"] for row in kept)  # kept, not run again
+        ledger = [json.loads(line)["row"]["run"] for line in (out / "sweep_rows.jsonl").read_text().splitlines()]
+        assert sorted(ledger) == sorted([*rows, lost["run"]])  # the lost run finished once more, nothing else
+    finally:
+        ray.shutdown()
