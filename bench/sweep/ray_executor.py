@@ -25,6 +25,7 @@ import io
 import os
 import shutil
 import signal
+import socket
 import sys
 import tarfile
 import tempfile
@@ -42,6 +43,7 @@ from .grid import GridPoint, SweepError
 from .table import COLUMNS
 
 MAX_ATTEMPTS = 3  # a run whose node dies is tried on up to this many nodes (the same one only if it comes back)
+CONNECT_TIMEOUT_S = 10.0  # the head node's GCS port must accept a connection within this
 PROBE_TIMEOUT_S = 300.0  # a node setting up a runtime_env (pip) may take minutes before it answers
 
 
@@ -127,6 +129,18 @@ def check_nodes(targets: list[str], run_args: list[str]) -> list[NodeInfo]:
     return found
 
 
+def _check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail fast on a HOST:PORT where nothing listens: `ray.init` would retry for many minutes, silently."""
+    host, colon, port = address.rpartition(":")
+    if not colon or "://" in address or not port.isdigit():
+        return  # "auto", or a ray:// client address: Ray resolves those itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise SweepError(f"--ray {address}: nothing answers there ({error}); give the head node's GCS address, "
+                         "as `ray start --head` printed it") from None
+
+
 def _run_on_node(point: GridPoint, options: Any) -> Iterator[Any]:
     """The Ray task of one grid point: where it started, then its rows and report folder (a .tar.gz)."""
     from .sweeper import _Processes, run_point
@@ -170,6 +184,7 @@ class RayExecutor:
     def connect(cls, address: str, targets: list[str], options: Any) -> "RayExecutor":
         """Join the cluster at `address` ("auto": RAY_ADDRESS or the local one) and check its nodes."""
         ray = _ray()
+        _check_reachable(address)
         on_sigterm = signal.getsignal(signal.SIGTERM)
         try:
             ray.init(address=address, logging_level="WARNING", log_to_driver=False)
