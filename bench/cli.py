@@ -440,19 +440,28 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from bench.orchestration.known import resolve_known
     from bench.sweep.sweeper import SweepOptions, default_jobs, sweep_command, sweep_invariants
 
+    if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise ValueError(f"--out {args.out} with --resume {args.resume}: a resumed sweep writes into its own folder")
+    if not args.resume and not args.out:
+        raise ValueError("--out: required (or --resume DIR to finish a sweep)")
     # a bad known-findings file fails here, not in every run; each run gets the file's absolute path
     known = ["--known", str(resolve_known(args.known)[0].resolve())] if args.known else []
     run_args = (["--python", args.python] if args.python else []) + (["--in-process"] if args.in_process else []) \
         + known
-    options = SweepOptions(trace=args.trace, n=args.n, time_scale=args.time_scale, concurrency=args.concurrency,
-                           watchdog_s=args.watchdog, timeout_s=args.timeout,
-                           jobs=default_jobs() if args.jobs is None else args.jobs, run_args=tuple(run_args),
-                           invariants=sweep_invariants(args.invariants))
+    # what this command sets (a resumed sweep takes the rest from its record, and refuses other values)
+    given = {key: value for key, value in (
+        ("trace", args.trace), ("n", args.n), ("time_scale", args.time_scale), ("concurrency", args.concurrency),
+        ("watchdog_s", args.watchdog), ("timeout_s", args.timeout),
+        ("invariants", None if args.invariants is None else sweep_invariants(args.invariants)),
+        ("run_args", tuple(run_args) or None), ("jobs", args.jobs)) if value is not None}
+    options = SweepOptions(**{"invariants": sweep_invariants(None), "jobs": default_jobs(), **given})
     import signal
 
     previous = _raise_on_sigterm()  # SIGTERM ends the sweep as Ctrl-C does: runs stopped, sweep.json interrupted
     try:
-        return sweep_command(args.plan, args.target, args.rates, args.seeds, args.out, options)
+        return sweep_command(args.plan, args.target, args.rates, args.seeds, args.resume or args.out, options,
+                             shard=args.shard, resume=bool(args.resume), given=frozenset(given),
+                             ray_address=args.ray)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -706,22 +715,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="run a grid of plans x targets x fault rates x seeds, a process per "
                            "run, into one table (DIR/sweep.csv)")
-    sweep.add_argument("--plan", required=True, help="plan files or shipped names, comma-separated")
-    sweep.add_argument("--target", required=True, help="targets (NAME[:variant] or module:attr), comma-separated")
-    sweep.add_argument("--rates", required=True,
+    sweep.add_argument("--plan", help="plan files or shipped names, comma-separated")
+    sweep.add_argument("--target", help="targets (NAME[:variant] or module:attr), comma-separated")
+    sweep.add_argument("--rates",
                        help="fault rates in [0, 1], comma-separated (0.01 or 1/400): each plan's most likely "
                             "probability rule fires with this p, its other `p` rules keep their ratio to it; "
                             "rules without `p` are left alone; 0 removes the `p` rules")
-    sweep.add_argument("--seeds", required=True, help="plan seeds, comma-separated (each replaces the plan's own)")
-    sweep.add_argument("--out", required=True, help="a new or empty folder: runs/<id>/ per run, sweep.csv, sweep.json")
-    sweep.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace file or shipped name (default {DEFAULT_TRACE})")
+    sweep.add_argument("--seeds", help="plan seeds, comma-separated (each replaces the plan's own)")
+    sweep.add_argument("--out", help="a new or empty folder: runs/<id>/ per run, sweep.csv, sweep.json")
+    sweep.add_argument("--resume", metavar="DIR", help="finish the sweep in DIR (its driver died or was stopped): "
+                       "run only its missing runs, with its grid and options (any given again must match)")
+    sweep.add_argument("--shard", metavar="K/N", help="run part K of N of the grid (points K-1, K-1+N, ...), e.g. "
+                       "one CI job each")
+    sweep.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                       help="run each point as a task on a Ray cluster (default address: RAY_ADDRESS or the "
+                            "local cluster; needs rollout-bench[ray] on every node)")
+    sweep.add_argument("--trace", help=f"trace file or shipped name (default {DEFAULT_TRACE})")
     sweep.add_argument("--n", type=int_at_least(1), help="run only the first N trajectories of the trace")
-    sweep.add_argument("--jobs", type=int, help="runs at once (default: the cores this process may use)")
-    sweep.add_argument("--timeout", type=float, default=600.0,
+    sweep.add_argument("--jobs", type=int, help="runs at once (default: the cores this process may use; with "
+                       "--ray, the cluster's CPUs)")
+    sweep.add_argument("--timeout", type=float,
                        help="seconds per run before it is killed with its children and recorded as timeout (600)")
-    sweep.add_argument("--time-scale", type=non_negative, default=0.05, help="as for run (default 0.05; 0: fastest)")
-    sweep.add_argument("--concurrency", type=int_at_least(1), default=64, help="as for run (default 64)")
-    sweep.add_argument("--watchdog", type=positive_seconds, default=30.0, help="as for run (default 30)")
+    sweep.add_argument("--time-scale", type=non_negative, help="as for run (default 0.05; 0: fastest)")
+    sweep.add_argument("--concurrency", type=int_at_least(1), help="as for run (default 64)")
+    sweep.add_argument("--watchdog", type=positive_seconds, help="as for run (default 30)")
     sweep.add_argument("--known", metavar="NAME|FILE", help="known findings for every run (as for run)")
     sweep.add_argument("--invariants", help="comma-separated invariants to check (default all but vacuity: a rule "
                                             "that never fired at a low rate is data, the fault_events column)")

@@ -8,6 +8,7 @@ its row, with the outcome saying so and the report columns empty.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,8 @@ from bench.records.sample import OUTCOMES
 # no_requests: the run passed, but its target never sent the server a generation request, so it tested nothing
 # (a sweep leaves out the vacuity invariant, which would say so only through a rule that never fired)
 # interrupted: the run was stopped (the sweep was interrupted) and wrote the report of what it had gathered
-RUN_OUTCOMES = ("ok", "violations", "no_requests", "interrupted", "crashed", "timeout")
+# lost: on a Ray cluster, the node running it died on every attempt (no report; `--resume` runs it again)
+RUN_OUTCOMES = ("ok", "violations", "no_requests", "interrupted", "crashed", "timeout", "lost")
 TABLES = ("sweep", "sweep_faults")
 # Every column of sweep.csv, in order (also the columns of an empty sweep).
 COLUMNS = (
@@ -29,11 +31,11 @@ COLUMNS = (
     "trajectories", "drop_rate", "dropped", *(f"n_{name}" for name in OUTCOMES),
     "violations", "violated_invariants", "known_violations", "batch_error", "hang", "fault_events", "trajectories_hit",
     "trajectories_per_s", "requests_per_s", "output_tokens_per_s", "latency_p50_s", "latency_p90_s",
-    "latency_p99_s", "retry_amplification", "duration_s", "wall_s", "report",
+    "latency_p99_s", "retry_amplification", "duration_s", "wall_s", "attempts", "nodes", "report",
 )
 # Counts and codes: nullable integers (a crashed run has none), not floats.
 INT_COLUMNS = ("seed", "n", "exit_code", "trajectories", "dropped", *(f"n_{name}" for name in OUTCOMES), "violations",
-               "known_violations", "fault_events", "trajectories_hit")
+               "known_violations", "fault_events", "trajectories_hit", "attempts")
 FAULT_COLUMNS = ("run", "plan", "target", "rate", "seed", "fault", "trajectories", "drop_rate")
 
 
@@ -94,7 +96,7 @@ def run_rows(base: dict[str, Any], folder: Path, finished: Finished) -> tuple[di
     outcome = outcome_of(finished, summary)
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
     row.update(base, outcome=outcome, exit_code=finished.exit_code, wall_s=round(finished.wall_s, 3),
-               report=f"runs/{folder.name}")
+               attempts=1, nodes=os.uname().nodename, report=f"runs/{folder.name}")
     if outcome == "timeout":
         row["error"] = "killed by the sweep's timeout"
     elif outcome == "crashed":
@@ -136,13 +138,19 @@ def write_sweep_tables(rows: list[dict[str, Any]], fault_rows: list[dict[str, An
     frames = {"sweep": _typed(pd.DataFrame(rows, columns=list(COLUMNS))),
               "sweep_faults": _typed(pd.DataFrame(fault_rows, columns=list(FAULT_COLUMNS)))}
     written = []
-    for name, frame in frames.items():
-        frame.to_csv(folder / f"{name}.csv", index=False)
+    for name, frame in frames.items():  # each written whole, then renamed: a sweep killed meanwhile leaves the last
+        _replace(folder / f"{name}.csv", lambda path: frame.to_csv(path, index=False))
         written.append(folder / f"{name}.csv")
         if parquet_available():
-            frame.to_parquet(folder / f"{name}.parquet", index=False)
+            _replace(folder / f"{name}.parquet", lambda path: frame.to_parquet(path, index=False))
             written.append(folder / f"{name}.parquet")
     return written
+
+
+def _replace(path: Path, write: Any) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    write(partial)
+    os.replace(partial, path)
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
