@@ -453,6 +453,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         ("trace", args.trace), ("n", args.n), ("time_scale", args.time_scale), ("concurrency", args.concurrency),
         ("watchdog_s", args.watchdog), ("timeout_s", args.timeout),
         ("invariants", None if args.invariants is None else sweep_invariants(args.invariants)),
+        ("steps", args.steps), ("on_step_failure", args.on_step_failure),
         ("run_args", tuple(run_args) or None), ("jobs", args.jobs)) if value is not None}
     options = SweepOptions(**{"invariants": sweep_invariants(None), "jobs": default_jobs(), **given})
     import signal
@@ -740,6 +741,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--concurrency", type=int_at_least(1), help="as for run (default 64)")
     sweep.add_argument("--watchdog", type=positive_seconds, help="as for run (default 30)")
     sweep.add_argument("--known", metavar="NAME|FILE", help="known findings for every run (as for run)")
+    sweep.add_argument("--steps", type=int_at_least(1), metavar="K",
+                       help="as for run: K training steps per run in one worker (default 1)")
+    sweep.add_argument("--on-step-failure", choices=("stop", "continue"),
+                       help="as for run, with --steps (default stop)")
     sweep.add_argument("--invariants", help="comma-separated invariants to check (default all but vacuity: a rule "
                                             "that never fired at a low rate is data, the fault_events column)")
     sweep.add_argument("--python", metavar="PATH", help="as for run: the target worker's interpreter")

@@ -74,6 +74,8 @@ class SweepOptions:
     timeout_s: float = 600.0  # per run: past it, the run and its children are killed
     jobs: int = field(default_factory=default_jobs)
     invariants: tuple[str, ...] | None = None  # None: all of them
+    steps: int = 1  # training steps per run (`run --steps K`): the rollout called K times in one worker
+    on_step_failure: str = "stop"
     run_args: tuple[str, ...] = ()  # more `rollout-bench run` options, passed as they are
 
     def check(self) -> None:
@@ -85,6 +87,10 @@ class SweepOptions:
             raise SweepError(f"--n {self.n}: needs at least 1 trajectory")
         if self.concurrency < 1:
             raise SweepError(f"--concurrency {self.concurrency}: needs at least 1")
+        if self.steps < 1:
+            raise SweepError(f"--steps {self.steps}: needs at least 1")
+        if self.on_step_failure not in ("stop", "continue"):
+            raise SweepError(f"--on-step-failure {self.on_step_failure!r}: stop or continue")
         if not math.isfinite(self.watchdog_s) or self.watchdog_s <= 0:
             raise SweepError(f"--watchdog {self.watchdog_s:g}: needs a positive number of seconds")
         if not math.isfinite(self.timeout_s) or not math.isfinite(self.time_scale) or self.time_scale < 0:
@@ -115,6 +121,8 @@ def run_command(point: GridPoint, plan_file: Path, folder: Path, options: SweepO
         command += ["--n", str(options.n)]
     if options.invariants is not None:
         command += ["--invariants", ",".join(options.invariants)]
+    if options.steps > 1:
+        command += ["--steps", str(options.steps), "--on-step-failure", options.on_step_failure]
     return command + list(options.run_args)
 
 
@@ -385,6 +393,7 @@ def sweep_status_note(summary: dict[str, Any]) -> str:
 # SweepOptions fields as the command line names them (for a resume refused over a difference)
 OPTION_NAMES = {"trace": "--trace", "n": "--n", "time_scale": "--time-scale", "concurrency": "--concurrency",
                 "watchdog_s": "--watchdog", "timeout_s": "--timeout", "invariants": "--invariants",
+                "steps": "--steps", "on_step_failure": "--on-step-failure",
                 "run_args": "--python/--in-process/--known"}
 
 

@@ -31,11 +31,12 @@ COLUMNS = (
     "trajectories", "drop_rate", "dropped", *(f"n_{name}" for name in OUTCOMES),
     "violations", "violated_invariants", "known_violations", "batch_error", "hang", "fault_events", "trajectories_hit",
     "trajectories_per_s", "requests_per_s", "output_tokens_per_s", "latency_p50_s", "latency_p90_s",
-    "latency_p99_s", "retry_amplification", "duration_s", "wall_s", "attempts", "nodes", "report",
+    "latency_p99_s", "retry_amplification", "duration_s", "steps_ran", "first_violation_step", "wall_s", "attempts",
+    "nodes", "report",
 )
 # Counts and codes: nullable integers (a crashed run has none), not floats.
 INT_COLUMNS = ("seed", "n", "exit_code", "trajectories", "dropped", *(f"n_{name}" for name in OUTCOMES), "violations",
-               "known_violations", "fault_events", "trajectories_hit", "attempts")
+               "known_violations", "fault_events", "trajectories_hit", "steps_ran", "first_violation_step", "attempts")
 FAULT_COLUMNS = ("run", "plan", "target", "rate", "seed", "fault", "trajectories", "drop_rate")
 
 
@@ -121,6 +122,10 @@ def run_rows(base: dict[str, Any], folder: Path, finished: Finished) -> tuple[di
         latency_p99_s=throughput["latency_s"]["p99"], retry_amplification=throughput["retry_amplification"],
         duration_s=summary["duration_s"],
     )
+    steps = summary.get("steps")  # a multi-step run (`--steps K`): how many ran, the step first violated
+    if steps:
+        row["steps_ran"] = steps["ran"]
+        row["first_violation_step"] = (steps.get("first_violation") or {}).get("step")
     try:
         tables = read_tables(folder)
         row["fault_events"] = len(tables["faults"])
