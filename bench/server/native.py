@@ -10,7 +10,7 @@ from aiohttp import web
 
 from bench.records.attribution import TRAJECTORY_HEADER
 from bench.records.request_log import RequestRecord
-from bench.replay import Generation, Identity, build_generation, context_error, pack
+from bench.replay import Generation, Identity, build_generation, context_error
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
 from faults.engine import Decision
 
@@ -145,7 +145,7 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
         message = f"Duplicate request ID detected: {fast.rid}"
         reject(ctx, record, 400, message, arrived)
         return wire.value_error(message)
-    packed = pack(fast.ids)
+    packed = fast.packed
     identity = ctx.identifier.identify(packed, fast.hint)
     ctx.faults.observe(identity.trajectory, packed, ctx.tokenizer)  # did it act on an earlier faulted answer?
     decision = ctx.decide(identity, request.path)
