@@ -321,7 +321,8 @@ def run_cpu(args: argparse.Namespace) -> int:
     verdict = {"median_us_per_request": median_us, "median_bench_to_target_cpu": statistics.median(ratios)
                if ratios else None, "aim_us_per_request": RUN_CPU_AIM_US, "aim_holds": median_us <= RUN_CPU_AIM_US}
     print(f"\nmedian {median_us} µs of bench CPU per request (aim {RUN_CPU_AIM_US:g}: "
-          f"{'holds' if verdict['aim_holds'] else 'not reached'}), bench/target CPU {verdict['median_bench_to_target_cpu']}")
+          f"{'holds' if verdict['aim_holds'] else 'not reached'}), "
+          f"bench/target CPU {verdict['median_bench_to_target_cpu']}")
     table = phase_table(split) if split else []
     for line in table:
         print(f"  {line['us_per_request']:>8} µs/request  {line['phase']}")
