@@ -45,6 +45,26 @@ def tuned() -> Iterator[None]:
                 _saved = None
 
 
+@contextmanager
+def loading() -> Iterator[None]:
+    """No collection while the trace loads, and what it loaded frozen at once after (inside `tuned()` only).
+
+    Everything a load allocates survives it (the store is the trace), so each young collection during the load
+    walked the store built so far again, and the first one after it walked all of it: about 0.1 s of collections
+    in a `run` of agentic-500. The load makes no cycles to collect; reference counting frees its temporaries."""
+    if not _active:
+        yield
+        return
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
 def freeze_loaded() -> None:
     """Keep what is alive now (the loaded trace, the modules) out of the collector's walks until the run ends
     (reference counting still frees it). Only inside `tuned()`, which unfreezes."""

@@ -308,11 +308,16 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
 
     from .watchdog import DEADLINE, HANG, ServedTurns, Stall, watch
 
-    async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
-                           groups_of=config.trajectories, upstream=config.upstream, tokenizer_dir=config.tokenizer_dir,
-                           **config.server_options) as server:
+    with collector.loading():  # the trace is in memory for the whole run: no collection walks it again
+        bench_server = BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
+                                   groups_of=config.trajectories, upstream=config.upstream,
+                                   tokenizer_dir=config.tokenizer_dir, **config.server_options)
+    # a run asks each turn about once: saved replies serve its retries, kept for a few hundred requests, not all of
+    # them alive until a young collection walks them (`RUN_REPLY_CACHE_BYTES`)
+    bench_server.context.replies.limit_bytes = min(bench_server.context.replies.limit_bytes, RUN_REPLY_CACHE_BYTES)
+    async with bench_server as server:
         store = server.context.store
-        collector.freeze_loaded()  # the trace is in memory for the whole run: no full collection walks it again
+        collector.freeze_loaded()  # and what starting the server made
         chosen = store.trajectories if config.trajectories is None else [
             store.by_id[t] for t in config.trajectories]
         chosen = steps.select(chosen, config.n, config.steps, str(store.path))
@@ -432,6 +437,9 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          tokens_source=view.tokens_source, framework=framework,
                          worker_log=isolated.log_text() if isolated else None, interrupted=interrupted,
                          violations_not_judged=len(violations) - len(judged), steps=step_table)
+
+
+RUN_REPLY_CACHE_BYTES = 2**20  # a run's saved replies (`native_fast.ReplyCache`): its retries come soon after
 
 
 def declared_bounds(bounds: Bounds, framework: dict[str, str] | None) -> Bounds:
