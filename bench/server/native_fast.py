@@ -147,7 +147,6 @@ def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: Sampling
     if not ids or body.stream:
         return None
     packed = pack(ids)  # needed for identifying it anyway (the decoder checked the range)
-        return None
     key = bytes(body.sampling_params)
     if len(key) > _KEY_LIMIT:  # the caches key on these bytes: a large one takes the slow path, unsaved
         return None
