@@ -79,18 +79,22 @@ def _limit_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"open connections at once; more are closed as they arrive (default {Limits.max_connections})")
     parser.add_argument("--max-n", type=int, default=Limits.max_n,
                         help=f"samples one request may ask for (n; 400 beyond; default {Limits.max_n})")
+    parser.add_argument("--keep-requests", type=int, default=20_000, metavar="N",
+                        help="requests whose log rows and served tokens stay in memory (default 20000); older log rows "
+                        "spill to --log-dir and end up in its requests.csv (without --log-dir they are dropped)")
 
 
 def _limits(args: argparse.Namespace) -> Any:
     from bench.server.limits import Limits
 
     try:
-        return Limits(args.max_body_mb, args.head_timeout, args.body_timeout, args.max_connections, args.max_n)
+        return Limits(args.max_body_mb, args.head_timeout, args.body_timeout, args.max_connections, args.max_n,
+                      args.keep_requests)
     except ValueError as error:  # the field's name, as the option a user typed
         message = str(error)
         for field, option in (("max_body_mb", "--max-body-mb"), ("head_timeout_s", "--head-timeout"),
                               ("body_timeout_s", "--body-timeout"), ("max_connections", "--max-connections"),
-                              ("max_n", "--max-n")):
+                              ("max_n", "--max-n"), ("keep_requests", "--keep-requests")):
             message = message.replace(field, option)
         raise ValueError(message) from None
 

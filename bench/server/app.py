@@ -112,11 +112,13 @@ class BenchServer:
 
     def __init__(self, trace: str | Path = DEFAULT_TRACE, *, host: str = "127.0.0.1", port: int = 0,
                  context: ServerContext | None = None, control_token: str | None = None, limits: Limits | None = None,
-                 **options: Any) -> None:
+                 spill_dir: Path | None = None, **options: Any) -> None:
         self.control_token = control_token_for(host, control_token)
         self.limits = limits or Limits()
         self.context = context or load_context(trace, **options)
         self.context.limits = self.limits
+        if self.limits.keep_requests is not None:  # a long-lived server: log rows beyond it spill to `spill_dir`
+            self.context.retain(self.limits.keep_requests, spill_dir)
         self.host, self.port = host, port
         self._runner: web.AppRunner | None = None
         self.site: GuardedSite | None = None
