@@ -393,10 +393,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     """Start (or stop) a warm worker: the target imported once, each run of it forked from there."""
     import signal
     import subprocess
-    import tempfile
 
     from bench.isolation.process import worker_env
-    from bench.isolation.warm_client import running_warm, socket_path, start_warm, stop_warm
+    from bench.isolation.warm_client import default_log, running_warm, socket_path, start_warm, stop_warm
     from bench.targets import check_target_spec
     from bench.targets.frameworks.envs import target_python
 
@@ -413,7 +412,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         print(f"a warm worker for {args.target} already runs (pid {pid}, socket {path}); "
               f"stop it with: rollout-bench worker --target {args.target} --stop")
         return 0
-    log = Path(args.log) if args.log else Path(tempfile.mkdtemp(prefix="rollout-bench-warm-")) / "warm.log"
+    log = Path(args.log) if args.log else default_log(python, args.target)
     process, ready = start_warm(python, args.target, _target_options(args), args.idle_timeout, worker_env(python), log)
     print(f"warm worker for {ready['target']} ready: pid {ready['pid']}, {python}, socket {path}, log {log}\n"
           f"runs of {args.target.split(':')[0]} under this interpreter now fork from it (`run --cold` to opt out); "
@@ -686,7 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="exit after this many seconds without a run (default 1800)")
     worker.add_argument("--detach", action="store_true", help="return once it is ready, leaving it running")
     worker.add_argument("--stop", action="store_true", help="stop the warm worker for this target")
-    worker.add_argument("--log", help="the warm worker's log file (default: a temp folder)")
+    worker.add_argument("--log", help="the warm worker's log file (default: beside its socket in its runtime "
+                        "folder, removed when it exits)")
     worker.add_argument("--source", metavar="DIR",
                         help="a framework run from source (slime, open-instruct, prime-rl): its checkout")
     worker.add_argument("--slime-path", metavar="DIR", help="--source's older name")
