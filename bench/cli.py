@@ -454,7 +454,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from bench.report import format_summary, load_sweep, rerender
-    from bench.sweep.sweeper import sweep_status_note
+    from bench.sweep.liveness import sweep_status_note
     from bench.sweep.table import is_sweep_folder
 
     if is_sweep_folder(args.folder):  # a sweep: one line per run, as its table has them

@@ -41,6 +41,7 @@ from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan
 
 from .grid import GridPoint, SweepError, build_grid, parse_plans, parse_rates, parse_seeds, parse_targets, write_plan
+from .liveness import existing_sweep_note
 from .table import RUN_OUTCOMES, Finished, run_rows, write_sweep_tables
 
 
@@ -218,7 +219,7 @@ def run_point(point: GridPoint, out: Path, options: SweepOptions, processes: _Pr
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SweepError(f"--out {out}: exists and is not an empty folder; give a new one "
-                         "(a sweep never mixes its runs with an older sweep's)")
+                         f"(a sweep never mixes its runs with an older sweep's){existing_sweep_note(out)}")
 
 
 _SAY = threading.Lock()
@@ -307,19 +308,6 @@ def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seed
     kill_marked(SWEEP_MARKER, processes.marker)  # anything a finished run left behind
     save("finished")
     return [rows[i] for i in sorted(rows)]
-
-
-def sweep_status_note(summary: dict[str, Any]) -> str:
-    """What `sweep.json`'s status means: a sweep still `running` whose process is gone was killed outright."""
-    status = summary.get("status")
-    if status != "running":
-        return f"status {status}" if status else ""
-    pid, host = summary.get("pid"), summary.get("host")
-    if isinstance(pid, int) and host == os.uname().nodename and Path("/proc/self").exists() \
-            and not Path(f"/proc/{pid}").exists():
-        return (f"status running, but its process (pid {pid}) is gone: the sweep was killed outright; "
-                f"{summary.get('finished_runs', 0)} of {summary.get('runs')} runs finished")
-    return "status running"
 
 
 def sweep_command(plan: str, target: str, rates: str, seeds: str, out: str, options: SweepOptions) -> int:
