@@ -257,7 +257,13 @@ def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signall
     from bench.orchestration.repro import Budget, write_config, write_repros
     from bench.report import add_to_summary, format_summary, write_report
 
-    summary = write_report(result, out, junit=args.junit)
+    try:
+        summary = write_report(result, out, junit=args.junit)
+    except OSError as error:  # a full disk, a file size limit: each file is whole or absent, the message names it
+        verdict = "passed" if result.ok else f"found {len(result.violations)} violation(s)"
+        print(f"rollout-bench: error: {error}; the report in {out} is incomplete (files written before it are whole, "
+              f"nothing is half-written); the run itself {verdict}", file=sys.stderr)
+        return 2
     print(format_summary(summary, str(out.resolve())))
     print(f"report: {out.resolve()}")
     if signalled:
@@ -758,6 +764,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.run
+    import signal
+
+    # past a file size limit (`ulimit -f`) a write then fails with EFBIG, which names the file, instead of the kernel
+    # killing the process silently mid-report
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         return command(args)
     except BrokenPipeError:  # output piped into `head` and friends

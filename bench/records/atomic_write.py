@@ -24,12 +24,20 @@ def describe(error: OSError, path: Path) -> str:
     return f"cannot write {path}: {reason}"
 
 
+def write_text(path: str | Path, text: str) -> Path:
+    """`Path.write_text` (UTF-8), whole or not at all."""
+    path = Path(path)
+    with atomic_path(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")
+    return path
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside `path` to write to; renamed to `path` when the block ends without an error, removed
     when it raises. An OSError (ENOSPC, EFBIG, EACCES ...) comes out as a `WriteError` naming `path`."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")  # the suffix kept: writers go by it
     try:
         yield temporary
         os.replace(temporary, path)

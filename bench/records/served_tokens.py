@@ -22,6 +22,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic_write import atomic_path
 from .request_log import RequestRecord
 
 ROOT, PREFIX, EARLIER = "root", "prefix", "earlier"
@@ -258,7 +259,7 @@ class ServedTokens:
         seq = np.array([e.record.seq for e in self.entries], dtype=np.int64)
         offsets = np.array([e.offset - self._id_base for e in self.entries], dtype=np.int64)
         counts = np.array([e.count for e in self.entries], dtype=np.int64)
-        with path.open("wb") as handle:
+        with atomic_path(path) as temporary, temporary.open("wb") as handle:
             np.savez_compressed(handle, seq=seq, offset=offsets, count=counts,
                                 ids=np.frombuffer(self.ids, dtype=np.int32) if self.ids else np.zeros(0, np.int32),
                                 logprobs=np.frombuffer(self.logprobs, dtype=np.float64) if self.logprobs
