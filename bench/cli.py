@@ -65,7 +65,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _limit_arguments(parser: argparse.ArgumentParser) -> None:
-    from bench.server.limits import Limits
+    from bench.server.limits import SERVE_KEEP_REQUESTS, Limits
 
     parser.add_argument("--max-body-mb", type=float, default=Limits.max_body_mb,
                         help=f"largest request body accepted, in MB (413 beyond; default {Limits.max_body_mb:g})")
@@ -79,8 +79,9 @@ def _limit_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"open connections at once; more are closed as they arrive (default {Limits.max_connections})")
     parser.add_argument("--max-n", type=int, default=Limits.max_n,
                         help=f"samples one request may ask for (n; 400 beyond; default {Limits.max_n})")
-    parser.add_argument("--keep-requests", type=int, default=20_000, metavar="N",
-                        help="requests whose log rows and served tokens stay in memory (default 20000); older log rows "
+    parser.add_argument("--keep-requests", type=int, default=SERVE_KEEP_REQUESTS, metavar="N",
+                        help=f"requests whose log rows and served tokens stay in memory (default {SERVE_KEEP_REQUESTS}); "
+                        "older log rows "
                         "spill to --log-dir and end up in its requests.csv (without --log-dir they are dropped)")
 
 

@@ -32,7 +32,7 @@ def test_quick_soak_passes_every_check_and_reports_them(tmp_path: Path) -> None:
 
 
 def _args() -> argparse.Namespace:
-    return argparse.Namespace(minutes=1.0, trace="t", plan="p", seed=1, concurrency=32)
+    return argparse.Namespace(minutes=1.0, trace="t", plan="p", seed=1, concurrency=32, keep_requests=10)
 
 
 def _samples(rss: list[float], fds: list[int]) -> list[dict]:

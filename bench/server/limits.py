@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
+SERVE_KEEP_REQUESTS = 20_000  # `serve` and `proxy`: requests kept in memory (`--keep-requests`), ~3 KB each
+
+
 @dataclass(frozen=True)
 class Limits:
     max_body_mb: float = 256.0  # a 4,096-prompt batch of 8k-token prompts is about 200 MB of JSON

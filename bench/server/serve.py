@@ -60,20 +60,14 @@ async def serve_until_signalled(server: BenchServer, host: str, banner: Callable
         await server.stop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-    print(f"stopped after {len(server.log)} requests, {len(faults.log)} fault events", flush=True)
-    silent = faults.never_fired()
-    if silent:
-        print(f"rules that never fired: {', '.join(silent)}", flush=True)
     log = server.log
-    if log.dropped:
-        print(f"request log: the first {log.dropped} rows were dropped, {len(log) - log.dropped} kept (without "
-              f"--log-dir only the latest {log.window} stay)", flush=True)
-    if log_dir:
+    written: list[str] = []
+    if log_dir:  # first: a parent that went away (its end of stdout closed) must not cost the logs
         folder = Path(log_dir)
         folder.mkdir(parents=True, exist_ok=True)
         try:
-            print(f"request log: {log.write_csv(folder / 'requests.csv')}", flush=True)
-            print(f"fault log: {faults.log.write_csv(folder / 'faults.csv')}", flush=True)
+            written = [f"request log: {log.write_csv(folder / 'requests.csv')}",
+                       f"fault log: {faults.log.write_csv(folder / 'faults.csv')}"]
         except OSError as error:
             spilled = [path for _, path in log.chunks] + list(getattr(faults.log, "chunks", []))
             kept = f" (rows spilled while serving stay in {folder / SPILL})" if spilled else ""
@@ -85,4 +79,13 @@ async def serve_until_signalled(server: BenchServer, host: str, banner: Callable
             (folder / SPILL).rmdir()
         except OSError:
             pass
+    print(f"stopped after {len(server.log)} requests, {len(faults.log)} fault events", flush=True)
+    silent = faults.never_fired()
+    if silent:
+        print(f"rules that never fired: {', '.join(silent)}", flush=True)
+    if log.dropped:
+        print(f"request log: the first {log.dropped} rows were dropped, {len(log) - log.dropped} kept (without "
+              f"--log-dir only the latest {log.window} stay)", flush=True)
+    for line in written:
+        print(line, flush=True)
     return 0
