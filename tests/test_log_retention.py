@@ -46,7 +46,7 @@ def test_a_request_in_flight_is_not_spilled_before_it_is_answered(tmp_path: Path
     log.retain(10, tmp_path)
     pending = RequestRecord(started=0.0, endpoint="/generate")
     log.append(pending)
-    for i in range(15):
+    for i in range(13):  # past the window and its chunk, less than half a window past it
         log.append(_settled(i))
     assert log.records[0] is pending and not log.chunks  # it holds the chunk back
     pending.latency_s, pending.status = 0.5, 200
@@ -127,6 +127,22 @@ def test_a_bounded_server_reads_every_row_back_and_its_memory_stays_in_the_windo
         events = request(server.url, "/bench/faults").json()["events"]
         assert len(events) == len(ctx.faults.log) > 60 and len(ctx.faults.log.events) < 50
         assert ctx.faults.never_fired() == []
+
+
+def test_refused_requests_do_not_hold_the_served_window_open() -> None:
+    """A request refused before it was played (here the engine's context-length 400) is over all the same: it leaves
+    the window in its turn. (Only played entries did: refusals held it open to twice its size.)"""
+    plan = plan_from_specs(["context_length_error:p=1/2"], 5)
+    with ServerThread("agentic-500", limits=Limits(keep_requests=40), plan=plan) as server:
+        statuses = set()
+        for trajectory in server.context.store.trajectories[:20]:
+            for turn in range(len(trajectory.turns)):
+                statuses.add(request(server.url, "/generate", {
+                    "input_ids": turn_input(trajectory, turn),
+                    "sampling_params": dict(trajectory.first_sampling_params)},
+                    headers={"X-Bench-Trajectory": trajectory.id}).status)
+        assert {200, 400} <= statuses and len(server.context.log) > 120
+        assert len(server.context.served.entries) < 50 and len(server.context.log.records) < 50
 
 
 def test_a_bounded_server_without_a_log_dir_answers_410_for_dropped_rows() -> None:

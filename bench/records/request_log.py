@@ -91,9 +91,9 @@ class RequestLog:
 
     def _evict(self, most: int) -> None:
         """Move up to `most` of the oldest records out of memory. A record still in flight (no latency yet) stops the
-        chunk, unless two windows of later records have come since (it is then written as it stands)."""
+        chunk, unless half a window of later records has come since (it is then written as it stands)."""
         assert self.window is not None
-        stale = len(self.records) - 2 * self.window
+        stale = len(self.records) - self.window - self.window // 2
         count = 0
         while count < most and (self.records[count].latency_s is not None or count < stale):
             count += 1

@@ -112,12 +112,14 @@ class ServedTokens:
         return self.entries[at] if at >= 0 else None
 
     def _evict(self, most: int) -> None:
-        """Let go up to `most` of the oldest entries: played ones (an entry in flight stops the chunk unless two
-        windows of later ones came since), their index rows, and the tokens no entry kept still points into."""
+        """Let go up to `most` of the oldest entries: those whose request is over (played, or answered without being
+        played: a refusal, an injected error); one still in flight stops the chunk unless half a window more came
+        since. Their index rows go too, and the tokens no entry kept still points into."""
         assert self.window is not None
-        stale = len(self.entries) - 2 * self.window
+        stale = len(self.entries) - self.window - self.window // 2
         count = 0
-        while count < most and (self.entries[count].played or count < stale):
+        while count < most and (self.entries[count].played or self.entries[count].record.latency_s is not None
+                                 or count < stale):
             count += 1
         if count == 0:
             return
