@@ -17,7 +17,9 @@ from bench.trace import TokenizerInfo
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan, resolve_plan
 
-from . import gc_tuning, native
+from bench.orchestration import collector
+
+from . import native
 from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
@@ -37,7 +39,9 @@ def create_app(ctx: ServerContext, control_token: str | None = None, limits: Lim
     if control_token is not None:
         app[CONTROL_TOKEN_KEY] = control_token
     app.on_response_prepare.append(add_served_headers)
-    gc_tuning.tune_while_serving(app)
+    app[_COLLECTOR_KEY] = []  # the hold taken at startup (the app's state is frozen by then: a list to fill)
+    app.on_startup.append(_hold_collector)
+    app.on_cleanup.append(_release_collector)
     app.router.add_route("POST", "/generate", native.generate)
     app.router.add_route("PUT", "/generate", native.generate)
     if ctx.upstream is None:
@@ -50,6 +54,19 @@ def create_app(ctx: ServerContext, control_token: str | None = None, limits: Lim
     if ctx.upstream is not None:  # everything else is the engine's (admin routes, a router's own), unchanged
         app.router.add_route("*", "/{path:.*}", _forward)
     return app
+
+
+_COLLECTOR_KEY = web.AppKey("collector_hold", list)
+
+
+async def _hold_collector(app: web.Application) -> None:
+    """While it serves: the loaded trace frozen, young collections rare (`collector.SERVING_THRESHOLD`)."""
+    app[_COLLECTOR_KEY].append(collector.hold(collector.SERVING_THRESHOLD, freeze=True))
+
+
+async def _release_collector(app: web.Application) -> None:
+    while app[_COLLECTOR_KEY]:
+        collector.release(app[_COLLECTOR_KEY].pop())
 
 
 async def _forward(request: web.Request) -> web.StreamResponse:
