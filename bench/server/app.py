@@ -23,7 +23,7 @@ from . import native
 from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
-from .control import CONTROL_TOKEN_KEY, control_token_for, require_control_token
+from .control import CONTROL_TOKEN_KEY, control_token_for
 from .http_guard import LIMITS_KEY, PARSER_REFUSALS, GuardedSite, parser_refusal_logger, read_and_log
 from .limits import Limits
 from .profiles import DEFAULT_PROFILE, get_profile
@@ -33,7 +33,7 @@ from .served import add_served_headers
 
 def create_app(ctx: ServerContext, control_token: str | None = None, limits: Limits = Limits()) -> web.Application:
     """The server's routes; with a `control_token`, `/bench/*` refuses requests without it (logged all the same)."""
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[read_and_log, require_control_token])
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[read_and_log])
     app[CONTEXT_KEY] = ctx
     app[LIMITS_KEY] = limits
     if control_token is not None:
