@@ -116,7 +116,8 @@ def check_free_space(option: str, given: Path, folder: Path) -> None:
     free_mb = stats.f_bavail * stats.f_frsize / 2**20
     if free_mb < minimum:
         raise ArgumentError(f"{option} {given}: only {free_mb:.1f} MB free on the file system of {base}; a report "
-                            f"needs at least {minimum:g} MB (${MIN_FREE_MB_ENV} sets the minimum, 0 turns the check off)")
+                            f"needs at least {minimum:g} MB (${MIN_FREE_MB_ENV} sets the minimum, 0 turns the check "
+                            "off)")
 
 
 def check_report_folder(option: str, path: str | Path, force: bool) -> Path:

@@ -80,8 +80,8 @@ def _limit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n", type=int, default=Limits.max_n,
                         help=f"samples one request may ask for (n; 400 beyond; default {Limits.max_n})")
     parser.add_argument("--keep-requests", type=int, default=SERVE_KEEP_REQUESTS, metavar="N",
-                        help=f"requests whose log rows and served tokens stay in memory (default {SERVE_KEEP_REQUESTS}); "
-                        "older log rows "
+                        help="requests whose log rows and served tokens stay in memory (default "
+                        f"{SERVE_KEEP_REQUESTS}); older log rows "
                         "spill to --log-dir and end up in its requests.csv (without --log-dir they are dropped)")
 
 

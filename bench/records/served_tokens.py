@@ -316,7 +316,7 @@ class ServedTokens:
 
 
 def _drop_first(index: dict, key: object, value: int) -> None:
-    """Remove `value` from the list `index[key]` (its first element, as entries go oldest first); drop an emptied key."""
+    """Remove `value` from the list `index[key]` (its first, as entries go oldest first); drop an emptied key."""
     values = index.get(key)
     if values is None:
         return

@@ -18,7 +18,9 @@ _START_SLACK_S = 5.0  # the sweep records `started` a little after its process s
 def process_gone(summary: dict[str, Any]) -> bool | None:
     """True: the sweep's process is gone; False: it still runs; None: cannot tell (another host, an old file)."""
     pid, host = summary.get("pid"), summary.get("host")
-    if not isinstance(pid, int) or isinstance(pid, bool) or host != os.uname().nodename or not Path("/proc/self").exists():
+    if not isinstance(pid, int) or isinstance(pid, bool) or host != os.uname().nodename:
+        return None
+    if not Path("/proc/self").exists():
         return None
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
