@@ -65,7 +65,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _limit_arguments(parser: argparse.ArgumentParser) -> None:
-    from bench.server.limits import Limits
+    from bench.server.limits import SERVE_KEEP_REQUESTS, Limits
 
     parser.add_argument("--max-body-mb", type=float, default=Limits.max_body_mb,
                         help=f"largest request body accepted, in MB (413 beyond; default {Limits.max_body_mb:g})")
@@ -79,18 +79,23 @@ def _limit_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"open connections at once; more are closed as they arrive (default {Limits.max_connections})")
     parser.add_argument("--max-n", type=int, default=Limits.max_n,
                         help=f"samples one request may ask for (n; 400 beyond; default {Limits.max_n})")
+    parser.add_argument("--keep-requests", type=int, default=SERVE_KEEP_REQUESTS, metavar="N",
+                        help="requests whose log rows and served tokens stay in memory (default "
+                        f"{SERVE_KEEP_REQUESTS}); older log rows "
+                        "spill to --log-dir and end up in its requests.csv (without --log-dir they are dropped)")
 
 
 def _limits(args: argparse.Namespace) -> Any:
     from bench.server.limits import Limits
 
     try:
-        return Limits(args.max_body_mb, args.head_timeout, args.body_timeout, args.max_connections, args.max_n)
+        return Limits(args.max_body_mb, args.head_timeout, args.body_timeout, args.max_connections, args.max_n,
+                      args.keep_requests)
     except ValueError as error:  # the field's name, as the option a user typed
         message = str(error)
         for field, option in (("max_body_mb", "--max-body-mb"), ("head_timeout_s", "--head-timeout"),
                               ("body_timeout_s", "--body-timeout"), ("max_connections", "--max-connections"),
-                              ("max_n", "--max-n")):
+                              ("max_n", "--max-n"), ("keep_requests", "--keep-requests")):
             message = message.replace(field, option)
         raise ValueError(message) from None
 
@@ -257,7 +262,13 @@ def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signall
     from bench.orchestration.repro import Budget, write_config, write_repros
     from bench.report import add_to_summary, format_summary, write_report
 
-    summary = write_report(result, out, junit=args.junit)
+    try:
+        summary = write_report(result, out, junit=args.junit)
+    except OSError as error:  # a full disk, a file size limit: each file is whole or absent, the message names it
+        verdict = "passed" if result.ok else f"found {len(result.violations)} violation(s)"
+        print(f"rollout-bench: error: {error}; the report in {out} is incomplete (files written before it are whole, "
+              f"nothing is half-written); the run itself {verdict}", file=sys.stderr)
+        return 2
     print(format_summary(summary, str(out.resolve())))
     print(f"report: {out.resolve()}")
     if signalled:
@@ -397,10 +408,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     """Start (or stop) a warm worker: the target imported once, each run of it forked from there."""
     import signal
     import subprocess
-    import tempfile
 
     from bench.isolation.process import worker_env
-    from bench.isolation.warm_client import running_warm, socket_path, start_warm, stop_warm
+    from bench.isolation.warm_client import default_log, running_warm, socket_path, start_warm, stop_warm
     from bench.targets import check_target_spec
     from bench.targets.frameworks.envs import target_python
 
@@ -417,7 +427,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         print(f"a warm worker for {args.target} already runs (pid {pid}, socket {path}); "
               f"stop it with: rollout-bench worker --target {args.target} --stop")
         return 0
-    log = Path(args.log) if args.log else Path(tempfile.mkdtemp(prefix="rollout-bench-warm-")) / "warm.log"
+    log = Path(args.log) if args.log else default_log(python, args.target)
     process, ready = start_warm(python, args.target, _target_options(args), args.idle_timeout, worker_env(python), log)
     print(f"warm worker for {ready['target']} ready: pid {ready['pid']}, {python}, socket {path}, log {log}\n"
           f"runs of {args.target.split(':')[0]} under this interpreter now fork from it (`run --cold` to opt out); "
@@ -469,7 +479,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from bench.report import format_summary, load_sweep, rerender
-    from bench.sweep.sweeper import sweep_status_note
+    from bench.sweep.liveness import sweep_status_note
     from bench.sweep.table import is_sweep_folder
 
     if is_sweep_folder(args.folder):  # a sweep: one line per run, as its table has them
@@ -706,7 +716,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="exit after this many seconds without a run (default 1800)")
     worker.add_argument("--detach", action="store_true", help="return once it is ready, leaving it running")
     worker.add_argument("--stop", action="store_true", help="stop the warm worker for this target")
-    worker.add_argument("--log", help="the warm worker's log file (default: a temp folder)")
+    worker.add_argument("--log", help="the warm worker's log file (default: beside its socket in its runtime "
+                        "folder, removed when it exits)")
     worker.add_argument("--source", metavar="DIR",
                         help="a framework run from source (slime, open-instruct, prime-rl): its checkout")
     worker.add_argument("--slime-path", metavar="DIR", help="--source's older name")
@@ -790,6 +801,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.run
+    import signal
+
+    # past a file size limit (`ulimit -f`) a write then fails with EFBIG, which names the file, instead of the kernel
+    # killing the process silently mid-report
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         return command(args)
     except BrokenPipeError:  # output piped into `head` and friends

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import io
 import math
-import os
 import threading
 import time
 from array import array
@@ -24,7 +23,7 @@ from typing import Any, Callable
 from bench.invariants import Bounds, HangReport, RunView, Violation, check_all, provenance
 from bench.invariants.fault_reach import with_reach
 from bench.isolation import IsolatedTarget, TargetCrashed, TargetStartError
-from bench.isolation.escapees import RUN_MARKER, kill_marked, new_marker
+from bench.isolation import inline_markers
 from bench.isolation.exits import error_info, exits_as_errors, print_awaited
 from bench.progress import progress_bar
 from bench.records import attribution
@@ -240,11 +239,9 @@ async def _run_tuned(target: TargetAdapter, config: RunConfig, known: tuple[Path
         # its imports overlap the trace loading below; the trace's path lets it skip what the trace won't need
         await target.start({"trace": str(resolve_trace(config.trace).resolve()), **config.target_options})
     side_work = _SideWork(while_starting) if while_starting else None
-    # an inline target's child processes carry a marker too, so what it started is killed at the end
-    inline_marker, outer_marker = (None, None) if isinstance(target, IsolatedTarget) else \
-        (new_marker(), os.environ.get(RUN_MARKER))
-    if inline_marker:
-        os.environ[RUN_MARKER] = inline_marker
+    # an inline target's child processes carry a marker too, so what it started is killed at the end (one variable for
+    # the whole process: overlapping inline runs share it, `inline_markers`)
+    inline_run = None if isinstance(target, IsolatedTarget) else inline_markers.enter()
     try:
         result = await _run_with(target, config, started, clock, side_work.cpu_s if side_work else lambda: 0.0, cpu,
                                  show_progress, interrupt)
@@ -258,16 +255,8 @@ async def _run_tuned(target: TargetAdapter, config: RunConfig, known: tuple[Path
             await side_work.wait()
         if isinstance(target, IsolatedTarget):
             await target.close()
-        if inline_marker:
-            _restore(RUN_MARKER, outer_marker)
-            await asyncio.to_thread(kill_marked, RUN_MARKER, inline_marker)
-
-
-def _restore(variable: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(variable, None)
-    else:
-        os.environ[variable] = value
+        if inline_run is not None:
+            await asyncio.to_thread(inline_markers.leave, inline_run)
 
 
 class _SideWork:

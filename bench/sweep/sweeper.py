@@ -51,6 +51,7 @@ from .grid import (GridPoint, Shard, SweepError, build_grid, parse_plans, parse_
                    parse_targets, write_plan)
 from .resume import (RERUN_OUTCOMES, RowLedger, grid_record, read_record, refuse, resumed_grid,
                      resumed_options)
+from .liveness import existing_sweep_note
 from .table import RUN_OUTCOMES, Finished, run_rows, write_sweep_tables
 
 
@@ -236,7 +237,7 @@ def run_point(point: GridPoint, out: Path, options: SweepOptions, processes: _Pr
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SweepError(f"--out {out}: exists and is not an empty folder; give a new one "
-                         "(a sweep never mixes its runs with an older sweep's)")
+                         f"(a sweep never mixes its runs with an older sweep's){existing_sweep_note(out)}")
 
 
 _SAY = threading.Lock()
@@ -375,19 +376,6 @@ def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seed
             bar.close()
     save("finished")
     return [rows[i] for i in sorted(rows)]
-
-
-def sweep_status_note(summary: dict[str, Any]) -> str:
-    """What `sweep.json`'s status means: a sweep still `running` whose process is gone was killed outright."""
-    status = summary.get("status")
-    if status != "running":
-        return f"status {status}" if status else ""
-    pid, host = summary.get("pid"), summary.get("host")
-    if isinstance(pid, int) and host == os.uname().nodename and Path("/proc/self").exists() \
-            and not Path(f"/proc/{pid}").exists():
-        return (f"status running, but its process (pid {pid}) is gone: the sweep was killed outright; "
-                f"{summary.get('finished_runs', 0)} of {summary.get('runs')} runs finished")
-    return "status running"
 
 
 # SweepOptions fields as the command line names them (for a resume refused over a difference)

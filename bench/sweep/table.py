@@ -19,6 +19,8 @@ import pandas as pd
 from bench.report.tables import parquet_available, read_tables
 from bench.records.sample import OUTCOMES
 
+from .liveness import KILLED, effective_status, sweep_status_note
+
 # no_requests: the run passed, but its target never sent the server a generation request, so it tested nothing
 # (a sweep leaves out the vacuity invariant, which would say so only through a rule that never fired)
 # interrupted: the run was stopped (the sweep was interrupted) and wrote the report of what it had gathered
@@ -185,4 +187,7 @@ def load_sweep(folder: str | Path) -> dict[str, Any]:
     runs["report"] = [str((folder / str(path)).resolve()) for path in runs["report"]]
     summary_path = folder / "sweep.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {}
+    if summary.get("status") == "running" and effective_status(summary) == KILLED:  # SIGKILLed: it could not say
+        summary = {**summary, "status": KILLED, "recorded_status": "running",
+                   "status_note": sweep_status_note(summary)}
     return {"runs": runs, "faults": frames["sweep_faults"], "summary": summary}
