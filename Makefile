@@ -5,7 +5,8 @@
 #               verl-0.9); TARGETS="slime open-instruct prime-rl" builds the source-only frameworks' too
 #   make bench  benchmarks (server throughput beside bare aiohttp, the chat route beside other mock LLM servers,
 #               repro cold vs warm worker, the memory kept for provenance, the latency `record` adds, trace
-#               loading, the cost curve over trajectories and turns, the Ray sweep executor beside the local one);
+#               loading, the tokenizer beside `tokenizers`, the cost curve over trajectories and turns, the invariants'
+#               scaling, the Ray sweep executor beside the local one);
 #               not part of test
 #   make bench-peers  one virtual environment per peer mock server in .bench/ (what `make bench` compares with)
 

@@ -105,7 +105,10 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=20, help="trajectories per run (default 20)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per executor (default 2)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--quick", action="store_true", help="2 runs of 4 trajectories, 1 round (the test suite's)")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.n, args.rounds = 2, 4, 1
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # every node on 127.0.0.1
     try:
         from ray.cluster_utils import Cluster

@@ -66,11 +66,13 @@ class FaultEngine:
         framework's slow imports (seconds for torch, verifiers) do not eat an outage window."""
         self.server_started = time.monotonic()
 
-    def swap(self, plan: Plan) -> Plan:
+    def swap(self, plan: Plan, *, keep_clock: bool = False) -> Plan:
         """Replace the plan; returns the old one. Decisions already taken keep their rules; the new plan's
-        windows count from its own first request (or from the server's start, if it says so)."""
+        windows count from its own first request (or from the server's start, if it says so), or, with
+        `keep_clock`, from the replaced plan's: the same run's plan narrowed to a step's rules."""
         old, self.plan = self.plan, plan
-        self.first_request = None
+        if not keep_clock:
+            self.first_request = None
         return old
 
     def elapsed(self, plan: Plan) -> float:

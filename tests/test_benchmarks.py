@@ -298,3 +298,16 @@ def test_tokenizer_speed_quick_measures_both_backends_on_identical_output(tmp_pa
     assert result["parameters"]["chat_prompts"] > result["distinct_chat_prompts"] > 0  # the cache has repeats
     assert set(result["faster"].values()) <= {"hand-bpe", "tokenizers"}
     assert "identical ids, texts and synth bytes" in stdout
+
+
+@pytest.mark.slow
+def test_sweep_executors_quick_runs_the_same_sweep_locally_and_on_a_two_node_cluster(tmp_path: Path) -> None:
+    """Quick mode: one round of each executor over the same 2 runs, the same figures from both (the benchmark
+    asserts it), CPU and wall per run for both, and the 1,000-run table labelled as extrapolated."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'rollout-bench[ray]')")
+    result, stdout = _bench("sweep_executors", tmp_path)
+    assert [r["kind"] for r in result["rounds"]] in (["local", "ray"], ["ray", "local"])
+    for kind in ("local", "ray"):
+        assert result["per_run"][kind]["cpu_s"] > 0 and result["per_run"][kind]["run_wall_s"] > 0
+    assert result["cpu_ratio"] == pytest.approx(result["per_run"]["ray"]["cpu_s"] / result["per_run"]["local"]["cpu_s"])
+    assert len(result["extrapolated_1000_runs"]) == 9 and "EXTRAPOLATED" in stdout

@@ -180,7 +180,7 @@ def test_a_multi_step_run_gets_its_run_toml_and_no_trajectory_repro(tmp_path: ob
 def test_a_step_that_hangs_ends_the_run_there() -> None:
     """Step 1's requests get no answer (`stall`): the watchdog ends the run in step 1; step 0's samples stand,
     step 1's are lost to the hang, step 2 never started (its trajectories were never dispatched)."""
-    result = _run("ref-step-leak:fixed", "stall:p=1,steps=1", steps=3, watchdog_s=2.0,
+    result = _run("ref-step-leak:fixed", "stall:p=1,steps=1", steps=3, watchdog_s=8.0,  # a loaded CI machine may pause step 0 for seconds
                   target_options={"leak": "threads"})
     assert result.hang is not None and result.hang.kind == "hang"
     assert result.steps is not None and result.steps["ran"] == 2
@@ -214,3 +214,18 @@ def test_sweep_refuses_steps_below_one_before_any_run(tmp_path: Path) -> None:
                            "--rates", "0.1", "--seeds", "1", "--steps", "0", "--out", str(tmp_path / "s")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--steps" in done.stderr and not (tmp_path / "s").exists()
+
+
+def test_a_step_plan_keeps_the_runs_window_clock() -> None:
+    """A step narrows the run's plan to its rules: a `window` keeps counting from the run's first request."""
+    from bench.steps.board import plan_for_step
+    from faults.engine import FaultEngine
+
+    plan = plan_from_specs(["missing_logprobs:p=1,steps=1", "abort:p=1"], 0)
+    engine = FaultEngine(plan_for_step(plan, 0))
+    engine.elapsed(engine.plan)  # the run's first request starts the clock
+    started = engine.first_request
+    engine.swap(plan_for_step(plan, 1), keep_clock=True)  # what the step board does
+    assert engine.first_request == started
+    engine.swap(plan_for_step(plan, 2))  # a plan swapped in by a user (PUT /bench/plan) counts from its own start
+    assert engine.first_request is None

@@ -65,7 +65,7 @@ def test_an_address_where_no_cluster_answers_fails_fast_naming_it(tmp_path: Path
     clock = time.monotonic()
     done = sweep(*GRID, "--out", str(tmp_path / "out"), "--ray", "127.0.0.1:1", timeout=120)
     assert done.returncode == 2 and "--ray 127.0.0.1:1: nothing answers there" in done.stderr, done.stderr[-2000:]
-    assert time.monotonic() - clock < 60 and not (tmp_path / "out").exists()  # ray.init alone retries for minutes
+    assert time.monotonic() - clock < 100 and not (tmp_path / "out").exists()  # ray.init alone retries for minutes
 
 
 def test_a_node_missing_a_targets_environment_stops_the_sweep_before_any_run(cluster: Any, tmp_path: Path) -> None:

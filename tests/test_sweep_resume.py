@@ -103,3 +103,26 @@ def test_a_sigkilled_sweep_resumes_running_only_what_is_missing(tmp_path: Path) 
     summary = json.loads((out / "sweep.json").read_text())
     assert summary["status"] == "finished" and summary["resumed_with_finished_runs"] == len(before)
     assert summary["outcomes"]["ok"] == 6
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tells a live sweep by its pid in /proc")
+def test_resume_refuses_a_sweep_whose_driver_still_runs(tmp_path: Path) -> None:
+    """Two drivers on one folder would remove each other's runs in flight and run them twice."""
+    out = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1"}
+    driver = subprocess.Popen([sys.executable, "-m", "bench", "sweep", *GRID, "--jobs", "1", "--out", str(out)],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "sweep.json").exists() or not (out / "runs").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, "the sweep ended before it was resumed"
+            time.sleep(0.1)
+        refused = sweep("--resume", str(out))
+        assert driver.poll() is None, "the sweep ended before the resume could be refused: make the grid longer"
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert f"--resume {out}: its sweep is still running (pid {driver.pid})" in refused.stderr
+    finally:
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=60)
+    assert json.loads((out / "sweep.json").read_text())["status"] == "interrupted"

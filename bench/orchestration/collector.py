@@ -6,7 +6,8 @@ the collector ran ~490 young and ~4 full collections in a `run` of agentic-500, 
 every time: ~0.5 s of the bench's ~3.5 s CPU. During a run the first threshold is raised to `RUN_THRESHOLD` and
 everything alive once the trace is loaded (modules, the trace) is frozen out of the collector's walks (`gc.freeze`).
 
-A server asks for more, `SERVING_THRESHOLD`, deliberately: measured under the throughput benchmark's load (64
+A server asks for more, `SERVING_THRESHOLD`, deliberately (a run's own server too, so during a run's serving the
+threshold is 50,000; 10,000 holds before it): measured under the throughput benchmark's load (64
 connections), the default thresholds cost the slow path about a third of its CPU. Every request's transient objects
 (an answer's logprob triples, the formatter's dicts) are alive in the requests in flight whenever a young collection
 runs, so they are promoted and soon make the full collections run, each of which walked the whole loaded trace. With

@@ -303,7 +303,10 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                                    tokenizer_dir=config.tokenizer_dir, **config.server_options)
     # a run asks each turn about once: saved replies serve its retries, kept for a few hundred requests, not all of
     # them alive until a young collection walks them (`RUN_REPLY_CACHE_BYTES`)
-    bench_server.context.replies.limit_bytes = min(bench_server.context.replies.limit_bytes, RUN_REPLY_CACHE_BYTES)
+    context = bench_server.context
+    context.replies.limit_bytes = min(context.replies.limit_bytes, RUN_REPLY_CACHE_BYTES)
+    context.chat_replies.limit_bytes = min(context.chat_replies.limit_bytes, RUN_REPLY_CACHE_BYTES)  # the chat route's
+    context.chat_replies.parsed_limit_bytes = min(context.chat_replies.parsed_limit_bytes, RUN_REPLY_CACHE_BYTES)
     async with bench_server as server:
         store = server.context.store
         collector.freeze_loaded()  # and what starting the server made

@@ -171,6 +171,7 @@ class ChatReplies:
 
     def __init__(self, limit_bytes: int = 32 * 2**20) -> None:
         self.limit_bytes = limit_bytes
+        self.parsed_limit_bytes = self.PARSED_BYTES
         self.bytes = 0
         self.hits = self.saved = 0  # replies answered from the cache, replies made and saved
         self._replies: OrderedDict[tuple[Any, ...], ChatReply | None] = OrderedDict()
@@ -193,8 +194,8 @@ class ChatReplies:
         eligible = not parsed.stream and parsed.sampling.n == 1
         fast = FastChat(parsed, ids, pack(ids), parsed.sampling.params(len(ids), context_length), eligible,
                         len(raw) + 12 * len(ids) + 512)
-        if eligible and fast.size <= self.PARSED_BYTES // 64:
-            if len(self._parsed) >= self.PARSED_LIMIT or self._parsed_bytes + fast.size > self.PARSED_BYTES:
+        if eligible and fast.size <= self.parsed_limit_bytes // 64:
+            if len(self._parsed) >= self.PARSED_LIMIT or self._parsed_bytes + fast.size > self.parsed_limit_bytes:
                 self._parsed.clear()
                 self._parsed_bytes = 0
             self._parsed[raw] = fast

@@ -79,7 +79,7 @@ class StepBoard:
         """Start `step`: its rules in the server's plan, its weights published (unless a rule holds them)."""
         step_plan = plan_for_step(self.plan, step)
         if step_plan is not None and step_plan is not self.context.faults.plan:
-            self.context.faults.swap(step_plan)
+            self.context.faults.swap(step_plan, keep_clock=True)  # a window counts from the run's start
         rules = list(step_plan.rules) if step_plan is not None else []
         held = [rule.name for rule in rules if rule.fault.name == HOLD_WEIGHTS]
         state = self.context.state

@@ -31,7 +31,6 @@ import tarfile
 import tempfile
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -208,20 +207,10 @@ class RayExecutor:
 
     def run(self, points: list[GridPoint], out: Path, options: Any, finish: Callable[[GridPoint, Any], None],
             say: Callable[[str], None]) -> None:
-        pool = ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="sweep-ray")
-        pending: dict[Future[Any], GridPoint] = {}
-        try:
-            for point in points:
-                pending[pool.submit(self._run_point, point, out, options, say)] = point
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    finish(pending.pop(future), future.result())
-        except BaseException:
-            self._stop()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        pool.shutdown()
+        from .sweeper import run_pool
+
+        run_pool(points, options.jobs, "sweep-ray", lambda point: self._run_point(point, out, options, say), finish,
+                 stop=self._stop)
 
     def _stop(self) -> None:
         """Cancel every task in flight (force: its worker is killed, and its run with it, through the lifeline)."""

@@ -25,6 +25,7 @@ from faults import Plan
 from faults.plan import parse_plan, plan_to_toml
 
 from .grid import Shard, SweepError, parse_shard
+from .liveness import process_gone
 
 ROWS_FILE = "sweep_rows.jsonl"
 RERUN_OUTCOMES = ("interrupted", "lost")  # not a finding about the target: a resumed sweep runs these again
@@ -53,6 +54,9 @@ def read_record(out: Path) -> dict[str, Any]:
     if not isinstance(summary, dict) or not isinstance(summary.get("grid"), dict):
         raise SweepError(f"--resume {out}: sweep.json has no `grid` record (a sweep from a bench without "
                          "--resume): it cannot be resumed")
+    if summary.get("status") == "running" and process_gone(summary) is False:  # two drivers would run the same runs
+        raise SweepError(f"--resume {out}: its sweep is still running (pid {summary.get('pid')}); stop it first "
+                         "(Ctrl-C or SIGTERM marks it interrupted) or let it finish")
     return summary["grid"]  # type: ignore[no-any-return]
 
 

@@ -280,24 +280,33 @@ class LocalExecutor:
     def run(self, points: list[GridPoint], out: Path, options: SweepOptions, finish: Finish,
             say: Callable[[str], None]) -> None:
         processes = _Processes()
-        executor = ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="sweep")
-        pending: dict[Future[Any], GridPoint] = {}
-        try:
-            for point in points:
-                pending[executor.submit(run_point, point, out, options, processes, say)] = point
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    finish(pending.pop(future), future.result())
-        except BaseException:
-            processes.stop_all()
-            executor.shutdown(wait=True, cancel_futures=True)
-            for future, point in pending.items():  # runs that ended meanwhile (interrupted reports) keep their rows
-                if future.done() and not future.cancelled() and future.exception() is None:
-                    finish(point, future.result())
-            raise
-        executor.shutdown()
+        run_pool(points, options.jobs, "sweep", lambda point: run_point(point, out, options, processes, say), finish,
+                 stop=processes.stop_all)
         kill_marked(SWEEP_MARKER, processes.marker)  # anything a finished run left behind
+
+
+def run_pool(points: list[GridPoint], jobs: int, name: str, work: Callable[[GridPoint], Any], finish: Finish,
+             stop: Callable[[], None]) -> None:
+    """Every point through `work`, `jobs` at a time on threads, each result to `finish` as it ends (both executors).
+    On any exception (Ctrl-C, a SIGTERM raised as one) `stop` ends what runs; the runs that ended meanwhile (their
+    interrupted reports) still get their rows, then the exception goes on."""
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix=name)
+    pending: dict[Future[Any], GridPoint] = {}
+    try:
+        for point in points:
+            pending[pool.submit(work, point)] = point
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                finish(pending.pop(future), future.result())
+    except BaseException:
+        stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for future, point in pending.items():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                finish(point, future.result())
+        raise
+    pool.shutdown()
 
 
 def _write_atomic(path: Path, text: str) -> None:
