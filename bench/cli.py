@@ -267,11 +267,7 @@ def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signall
               f"what came back until then{' (marked interrupted)' if result.interrupted else ''}; no repros",
               file=sys.stderr)
         return 128 + signalled[0]
-    if result.violations and args.repro_reruns > 0 and result.config.steps > 1:
-        print("repros: none for a multi-step run yet (a repro reruns trajectories, not steps); run.toml has the run",
-              file=sys.stderr)
-        write_config(result.config, out / "run.toml", result=result)
-    elif result.violations and args.repro_reruns > 0:
+    if result.violations and args.repro_reruns > 0:
         print(f"repros: rerunning to verify and shrink each failure (at most {args.repro_reruns} reruns each)",
               file=sys.stderr, flush=True)
         outcomes = write_repros(result, out, budget=Budget(reruns=args.repro_reruns))

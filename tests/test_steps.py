@@ -158,20 +158,56 @@ def test_the_command_line_writes_the_per_step_table_and_plot(tmp_path: object) -
     assert "steps = 4" in (out / "run.toml").read_text()  # the rerun of the whole run is a multi-step run too
 
 
-def test_a_multi_step_run_gets_its_run_toml_and_no_trajectory_repro(tmp_path: object) -> None:
-    """The pytest plugin's `bench_run(target, steps=K)` writes repros through here: a multi-step run's is the
-    whole run, rerun with `--repro run.toml` (a subset of trajectories would not be a subset of steps)."""
+def test_a_multi_step_repro_reruns_the_run_up_to_its_failing_step(tmp_path: object) -> None:
+    """The pytest plugin's `bench_run(target, steps=K)` writes repros through `write_repro`: a multi-step run's is
+    the run cut after the step the finding points at (a resource's growth keeps the 3 steps it needs to show),
+    verified by the bench rerunning it; `run.toml` still reruns the whole run."""
     from pathlib import Path
 
     from bench.orchestration.repro import load_repro, write_repro
 
-    result = _run("ref-step-leak:unfixed", steps=3, target_options={"leak": "children"})
+    result = _run("ref-step-leak:unfixed", target_options={"leak": "children"})
     assert [v.invariant for v in result.violations] == ["step_resources"]
-    assert write_repro(result, Path(str(tmp_path)) / "repro.toml") is None
-    config = load_repro(Path(str(tmp_path)) / "run.toml").config
-    assert (config.steps, config.on_step_failure, config.n, config.trajectories) == (3, "stop", N, None)
-    again = run_blocking(config)
+    assert result.violations[0].evidence["first_step"] == 1
+    path = write_repro(result, Path(str(tmp_path)) / "repro.toml")
+    assert path is not None  # seen failing the same way in a rerun
+    repro = load_repro(path)
+    assert (repro.config.steps, repro.config.on_step_failure, repro.invariant) == (3, "stop", "step_resources")
+    assert repro.config.trajectories == [r.trajectory for r in result.records[:3 * N]]  # the run's first 3 slices
+    assert "verified = {reruns = 1," in path.read_text()
+    whole = load_repro(Path(str(tmp_path)) / "run.toml").config
+    assert (whole.steps, whole.n, whole.trajectories) == (K, N, None)
+    again = run_blocking(repro.config)
     assert [v.invariant for v in again.violations] == ["step_resources"]
+    assert again.steps is not None and again.steps["ran"] == 3
+
+
+def test_a_carried_over_failure_gets_a_repro_of_its_steps_that_the_command_line_reruns(tmp_path: object) -> None:
+    """step_carryover at step 3 (step 2 failed on its fault): the repro is steps 0-3 with the step-2 rule kept as
+    scheduled and `continue` kept; `rollout-bench run --repro` shows the same finding, and the fixed variant run
+    from the same file passes."""
+    from pathlib import Path
+
+    from bench.orchestration.repro import load_repro, write_repro
+
+    result = _run("ref-step-singleton:unfixed", "http_error:status=500,p=1,steps=2", on_step_failure="continue")
+    assert _names(result) == ["step_carryover", "step_carryover"]
+    path = write_repro(result, Path(str(tmp_path)) / "repro.toml")
+    assert path is not None
+    repro = load_repro(path)
+    assert (repro.config.steps, repro.config.on_step_failure) == (4, "continue")
+    assert [rule.schedule.steps is not None and 2 in rule.schedule.steps
+            for rule in repro.config.plan.rules] == [True]  # type: ignore[union-attr]
+    out = Path(str(tmp_path)) / "rerun"
+    done = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(path), "--out", str(out),
+                           "--repro-reruns", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "4 of 4 ran (on step failure: continue)" in done.stdout
+    assert re.search(r"first violation +step 3: step_carryover", done.stdout), done.stdout
+    fixed = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(path), "--target",
+                            "ref-step-singleton:fixed", "--out", str(out) + "-fixed", "--repro-reruns", "0"],
+                           capture_output=True, text=True, timeout=300)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
 
 def test_a_step_that_hangs_ends_the_run_there() -> None:

@@ -276,9 +276,10 @@ def write_repros(result: RunResult, folder: str | Path, *, budget: Budget | None
     folder.mkdir(parents=True, exist_ok=True)
     write_config(result.config, folder / "run.toml", result=result)
     say = say or (lambda line: print(line, file=sys.stderr))
-    if result.config.steps > 1:  # a rerun of some trajectories is not a rerun of some steps (bench.steps)
-        say("repros: none for a multi-step run yet; run.toml reruns the whole run, steps and all")
-        return []
+    if result.config.steps > 1:  # a rerun of some trajectories is not a rerun of some steps: the run up to a step
+        from bench.steps.repro import write_step_repros
+
+        return write_step_repros(result, folder, budget, say)
     outcomes = []
     found = signatures(result.violations)
     for number, (signature, violation) in enumerate(found, start=1):
