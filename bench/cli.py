@@ -208,6 +208,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options["steps"] = args.steps
     if args.on_step_failure is not None:
         options["on_step_failure"] = args.on_step_failure
+    if args.compare_fresh:
+        options["compare_fresh"] = True
     target_options = _target_options(args)
     if args.repro:
         if args.plan or args.fault or args.n is not None or args.trace != DEFAULT_TRACE:
@@ -626,6 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--on-step-failure", choices=("stop", "continue"),
                      help="after a step that raised: stop (default), or continue with the next step in the same "
                           "process")
+    run.add_argument("--compare-fresh", action="store_true",
+                     help="with --steps: rerun the last step that ran clean in a fresh worker and compare outcomes, "
+                          "token ids and turns (one worker more)")
     run.add_argument("--python", metavar="PATH", help="run the target in a worker under this interpreter (its own "
                      "virtual environment); default: the target's environment from `make targets`, else this one")
     run.add_argument("--in-process", action="store_true",

@@ -85,6 +85,27 @@ def test_a_singleton_a_failed_step_dirtied_is_reported_as_carried_over() -> None
     assert outcomes == {0: (N, 0), 1: (N, 0), 2: (0, N), 3: (N, 0), 4: (N, 0)}  # the step after the failure runs
 
 
+def test_a_later_step_that_differs_from_a_fresh_process_is_caught_when_asked() -> None:
+    """`compare_fresh`: the last clean step rerun in a fresh worker. ref-step-drift:unfixed's backoff lowers a
+    process-wide length limit, so step 4 clips what a fresh process keeps whole, and nothing raises."""
+    unfixed = _run("ref-step-drift:unfixed", compare_fresh=True)
+    assert _names(unfixed) == ["step_fresh_process"], [v.message for v in unfixed.violations]
+    evidence = unfixed.violations[0].evidence
+    assert (evidence["step"], evidence["count"]) == (K - 1, N)
+    assert all(d["outcome"] == {"in_step": "truncated", "fresh": "completed"} for d in evidence["differ"])
+    assert all(d["response_ids"]["in_step_length"] < d["response_ids"]["fresh_length"] for d in evidence["differ"])
+    assert evidence["fresh_process"]["worker_pid"] != unfixed.worker["pid"]  # type: ignore[index]
+    assert unfixed.steps["first_violation"]["step"] == K - 1  # type: ignore[index]
+    # opt-in: without it the drift passes unseen (no other check sees results that differ without raising)
+    assert _run("ref-step-drift:unfixed").violations == []
+    fixed = _run("ref-step-drift:fixed", compare_fresh=True)
+    assert fixed.violations == [], [v.message for v in fixed.violations]
+    comparison = fixed.steps["fresh_comparison"]  # type: ignore[index]
+    assert (comparison["step"], comparison["trajectories"], comparison["differ"]) == (K - 1, N, 0)
+    with pytest.raises(ValueError, match="compare_fresh needs steps >= 2"):
+        RunConfig(compare_fresh=True)
+
+
 def test_stop_ends_the_run_at_the_failed_step() -> None:
     result = _run("ref-step-singleton:unfixed", "http_error:status=500,p=1,steps=2")
     assert result.steps is not None and (result.steps["ran"], result.steps["steps"]) == (3, K)

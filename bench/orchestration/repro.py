@@ -366,6 +366,8 @@ def write_config(config: RunConfig, path: Path, *, result: RunResult | None = No
         lines.append(f"known = {toml_value(known)}")
     if config.steps > 1:  # a multi-step run: its steps and policy; its slices come from `n` (steps that ran or not)
         lines += [f"steps = {config.steps}", f"on_step_failure = {toml_value(config.on_step_failure)}"]
+        if config.compare_fresh:
+            lines.append("compare_fresh = true")
     trajectories = config.trajectories if config.trajectories is not None else (
         [r.trajectory for r in result.records] if result is not None and config.steps == 1 else None)
     if trajectories is not None:
@@ -416,7 +418,7 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
                                     "target_options": dict(data.get("target_options", {})), "known": data.get("known")}
         for key in ("python", "concurrency", "time_scale", "watchdog_s", "deadline_s", "invariants", "n", "upstream",
-                    "tokenizer_dir", "steps", "on_step_failure"):
+                    "tokenizer_dir", "steps", "on_step_failure", "compare_fresh"):
             if key in data:
                 recorded[key] = data[key]
         if "bounds" in data:

@@ -53,6 +53,7 @@ def steps_config(result: "RunResult", count: int) -> "RunConfig":
     size = len(result.records) // ran  # the records of the steps that ran, in step order, a slice each
     ids = [r.trajectory for r in result.records[: count * size]]
     return replace(result.config, steps=count, n=None, trajectories=ids,
+                   compare_fresh=result.config.compare_fresh and count > 1,
                    plan=plan_for_steps(result.config.plan, range(count)))
 
 
