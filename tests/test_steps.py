@@ -85,7 +85,7 @@ def test_a_singleton_a_failed_step_dirtied_is_reported_as_carried_over() -> None
     assert outcomes == {0: (N, 0), 1: (N, 0), 2: (0, N), 3: (N, 0), 4: (N, 0)}  # the step after the failure runs
 
 
-def test_a_later_step_that_differs_from_a_fresh_process_is_caught_when_asked() -> None:
+def test_a_later_step_that_differs_from_a_fresh_process_is_caught_when_asked(tmp_path: object) -> None:
     """`compare_fresh`: the last clean step rerun in a fresh worker. ref-step-drift:unfixed's backoff lowers a
     process-wide length limit, so step 4 clips what a fresh process keeps whole, and nothing raises."""
     unfixed = _run("ref-step-drift:unfixed", compare_fresh=True)
@@ -104,6 +104,11 @@ def test_a_later_step_that_differs_from_a_fresh_process_is_caught_when_asked() -
     assert (comparison["step"], comparison["trajectories"], comparison["differ"]) == (K - 1, N, 0)
     with pytest.raises(ValueError, match="compare_fresh needs steps >= 2"):
         RunConfig(compare_fresh=True)
+    done = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "ref-step-drift:fixed", "--steps", "2",
+                           "--n", "4", "--plan", "none", "--compare-fresh", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"fresh process +step 1 rerun in a fresh worker: 0 of 4 trajectories differ", done.stdout)
 
 
 def test_stop_ends_the_run_at_the_failed_step() -> None:
