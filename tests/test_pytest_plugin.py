@@ -84,7 +84,7 @@ def test_a_step_finding_fails_the_test_with_its_evidence_and_repro(bench_dir: py
     reports any failure: the test fails, its rollout-bench section has the step finding with its evidence, and a
     repro of steps 0-2 the bench reran."""
     bench_dir.makefile(".toml", steps=STEP_PLAN)
-    bench_dir.makepyfile(test_steps="""
+    bench_dir.makepyfile(test_bench_steps="""
         import pytest
 
         @pytest.mark.bench_plan("steps.toml")

@@ -111,6 +111,27 @@ def test_a_later_step_that_differs_from_a_fresh_process_is_caught_when_asked(tmp
     assert re.search(r"fresh process +step 1 rerun in a fresh worker: 0 of 4 trajectories differ", done.stdout)
 
 
+def test_training_on_samples_older_than_the_declared_bound_is_caught() -> None:
+    """ref-step-async hands the trainer one group a step from a buffer that grows by two: by step 3 it trains on
+    samples served two steps earlier. Its framework declares it accepts 1 version (`max_staleness`), so `step_lag`
+    names the steps and samples past it; declared 2, the same run is within bound; the fixed variant drops what is
+    older than the bound before training."""
+    unfixed = _run("ref-step-async:unfixed", n=8)
+    lag = [v for v in unfixed.violations if v.invariant == "step_lag"]
+    assert [(v.evidence["step"], v.evidence["max_lag"], v.evidence["bound"]) for v in lag] == [(3, 2, 1), (4, 2, 1)]
+    oldest = lag[0].evidence["samples"][0]
+    assert (oldest["generated_in_step"], oldest["trained_in_step"], oldest["weight_versions"]) == (1, 3, ["1"])
+    assert _names(unfixed) == ["step_lag", "step_lag"]  # the emission-order staleness check does not see it
+    assert [row["max_lag"] for row in unfixed.steps["rows"]] == [0, 1, 1, 2, 2]  # type: ignore[index]
+    assert unfixed.steps["first_violation"]["step"] == 3  # type: ignore[index]
+    declared = _run("ref-step-async:unfixed", n=8, target_options={"max_staleness": 2})
+    assert declared.violations == [] and declared.config.bounds.max_weight_lag == 2
+    fixed = _run("ref-step-async:fixed", n=8)
+    assert fixed.violations == [], [v.message for v in fixed.violations]
+    assert [row["max_lag"] for row in fixed.steps["rows"]] == [0, 1, 1, 1, 1]  # type: ignore[index]
+    assert {r.trajectory[:6] for r in fixed.records if r.outcome == "dropped"} == {"g00003", "g00005"}
+
+
 def test_stop_ends_the_run_at_the_failed_step() -> None:
     result = _run("ref-step-singleton:unfixed", "http_error:status=500,p=1,steps=2")
     assert result.steps is not None and (result.steps["ran"], result.steps["steps"]) == (3, K)

@@ -410,8 +410,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         tokenizer = server.context.tokenizer
         framework = framework_info_of(target)
         config = replace(config, bounds=declared_bounds(config.bounds, framework))
-        step_violations, step_table = steps.finish(board, ordered, requests, events, config.on_step_failure) \
-            if board is not None else ([], None)
+        step_violations, step_table = steps.finish(board, ordered, requests, events, config.on_step_failure,
+                                                   config.bounds.max_weight_lag) if board is not None else ([], None)
         if board is not None and not interrupted:  # a failure after a failed step: rerun it in a fresh process
             step_violations = await steps.confirm_in_fresh_process(config, board, step_violations)
             if config.compare_fresh and step_table is not None:  # opt-in: a worker more, for one step

@@ -12,7 +12,7 @@ from faults import FaultEvent, Plan
 
 from . import STEP_FAILURE_POLICIES
 from .board import StepBoard, plan_for_step, plan_for_steps
-from .checks import check_steps
+from .checks import check_steps, lag_bound
 from .fresh import compare_later_step
 from .fresh import confirm as confirm_in_fresh_process
 from .table import step_rows
@@ -91,13 +91,19 @@ def view_plan(board: StepBoard | None, plan: Plan | None) -> Plan | None:
 
 
 def finish(board: StepBoard, records: list[SampleRecord], requests: list[RequestRecord],
-           fault_events: list[FaultEvent], policy: str) -> tuple[list[Violation], dict[str, Any]]:
-    """Stamp each record with its step; the cross-step findings and the report's `steps` block."""
+           fault_events: list[FaultEvent], policy: str, max_lag: int | None = None) -> tuple[list[Violation],
+                                                                                          dict[str, Any]]:
+    """Stamp each record with its step; the cross-step findings and the report's `steps` block. A record the
+    worker handed over came stamped with the step that trained on it (`loop.run_steps`): that step's weights
+    are what its lag is judged against (`max_lag`: the run's bound, the framework's declared one if wider)."""
+    consumed = {r.trajectory: r.step for r in records if r.outcome != "lost"}
     for record in records:
         record.step = board.step_of.get(record.trajectory, 0)
     violations = check_steps(board, requests, fault_events)
+    if max_lag is not None:
+        violations += lag_bound(board, records, consumed, max_lag)
     summary = {"steps": board.steps, "ran": board.ran(), "on_step_failure": policy,
-               "rows": step_rows(board, records, requests)}
+               "rows": step_rows(board, records, requests, consumed)}
     return violations, summary
 
 
