@@ -5,7 +5,8 @@
 #               verl-0.9); TARGETS="slime open-instruct prime-rl" builds the source-only frameworks' too
 #   make bench  benchmarks (server throughput beside bare aiohttp, the chat route beside other mock LLM servers,
 #               repro cold vs warm worker, the memory kept for provenance, the latency `record` adds, trace
-#               loading, the cost curve over trajectories and turns); not part of test
+#               loading, the cost curve over trajectories and turns, the Ray sweep executor beside the local one);
+#               not part of test
 #   make bench-peers  one virtual environment per peer mock server in .bench/ (what `make bench` compares with)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -24,8 +25,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -e . -c constraints.txt
 	touch $@
 
+# [ray]: tests/test_sweep_ray.py runs a two-node Ray cluster on this machine (about 240 MB installed)
 $(VENV)/.installed-test: pyproject.toml constraints.txt | $(BIN)/python
-	$(PIP) install -e '.[test,transformers]' -c constraints.txt
+	$(PIP) install -e '.[test,transformers,ray]' -c constraints.txt
 	touch $@ $(VENV)/.installed
 
 # The default run finds the seed-000 crash, so its exit status is 1 (violations): that is the demo.
@@ -48,6 +50,7 @@ bench: $(VENV)/.installed-test bench-peers
 	$(BIN)/python -m benchmarks.tokenizer_speed
 	$(BIN)/python -m benchmarks.scale_curve
 	$(BIN)/python -m benchmarks.invariant_scaling
+	$(BIN)/python -m benchmarks.sweep_executors
 
 # The mock LLM servers a user would pick instead of the bench (benchmarks/peer_servers.py), each from the package
 # index into its own environment; only their pinned version is ours, their dependencies are what pip resolves.

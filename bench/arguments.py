@@ -97,6 +97,29 @@ def _writable_folder(option: str, given: Path, folder: Path) -> None:
         raise ArgumentError(f"{option} {given}: cannot write in {base} ({error.strerror})") from None
 
 
+MIN_FREE_MB_ENV = "ROLLOUT_BENCH_MIN_FREE_MB"
+MIN_FREE_MB = 64.0  # a report is a few MB (its worker.log is capped at 2 MiB); 64 leaves room for a large run's tables
+
+
+def check_free_space(option: str, given: Path, folder: Path) -> None:
+    """The file system `folder` will be on has at least $ROLLOUT_BENCH_MIN_FREE_MB (default 64) MB free for an
+    unprivileged user: a full disk is found before the run, not when its report is written (0 turns the check off)."""
+    text = os.environ.get(MIN_FREE_MB_ENV, "")
+    try:
+        minimum = float(text) if text else MIN_FREE_MB
+        if not math.isfinite(minimum) or minimum < 0:
+            raise ValueError
+    except ValueError:
+        raise ArgumentError(f"${MIN_FREE_MB_ENV} must be a number of MB of at least 0, got {text!r}") from None
+    base = _nearest_existing(folder)
+    stats = os.statvfs(base)
+    free_mb = stats.f_bavail * stats.f_frsize / 2**20
+    if free_mb < minimum:
+        raise ArgumentError(f"{option} {given}: only {free_mb:.1f} MB free on the file system of {base}; a report "
+                            f"needs at least {minimum:g} MB (${MIN_FREE_MB_ENV} sets the minimum, 0 turns the check "
+                            "off)")
+
+
 def check_report_folder(option: str, path: str | Path, force: bool) -> Path:
     """A report folder: new, or empty, or (with `--force`) an existing folder whose files get replaced."""
     folder = Path(path)
@@ -106,6 +129,7 @@ def check_report_folder(option: str, path: str | Path, force: bool) -> Path:
         raise ArgumentError(f"{option} {folder}: exists and is not empty; give a new folder, or --force to write "
                             "this report into it (files of the same name are replaced)")
     _writable_folder(option, folder, folder)
+    check_free_space(option, folder, folder)
     return folder
 
 

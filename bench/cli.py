@@ -65,7 +65,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _limit_arguments(parser: argparse.ArgumentParser) -> None:
-    from bench.server.limits import Limits
+    from bench.server.limits import SERVE_KEEP_REQUESTS, Limits
 
     parser.add_argument("--max-body-mb", type=float, default=Limits.max_body_mb,
                         help=f"largest request body accepted, in MB (413 beyond; default {Limits.max_body_mb:g})")
@@ -79,18 +79,23 @@ def _limit_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"open connections at once; more are closed as they arrive (default {Limits.max_connections})")
     parser.add_argument("--max-n", type=int, default=Limits.max_n,
                         help=f"samples one request may ask for (n; 400 beyond; default {Limits.max_n})")
+    parser.add_argument("--keep-requests", type=int, default=SERVE_KEEP_REQUESTS, metavar="N",
+                        help="requests whose log rows and served tokens stay in memory (default "
+                        f"{SERVE_KEEP_REQUESTS}); older log rows "
+                        "spill to --log-dir and end up in its requests.csv (without --log-dir they are dropped)")
 
 
 def _limits(args: argparse.Namespace) -> Any:
     from bench.server.limits import Limits
 
     try:
-        return Limits(args.max_body_mb, args.head_timeout, args.body_timeout, args.max_connections, args.max_n)
+        return Limits(args.max_body_mb, args.head_timeout, args.body_timeout, args.max_connections, args.max_n,
+                      args.keep_requests)
     except ValueError as error:  # the field's name, as the option a user typed
         message = str(error)
         for field, option in (("max_body_mb", "--max-body-mb"), ("head_timeout_s", "--head-timeout"),
                               ("body_timeout_s", "--body-timeout"), ("max_connections", "--max-connections"),
-                              ("max_n", "--max-n")):
+                              ("max_n", "--max-n"), ("keep_requests", "--keep-requests")):
             message = message.replace(field, option)
         raise ValueError(message) from None
 
@@ -259,7 +264,13 @@ def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signall
     from bench.orchestration.repro import Budget, write_config, write_repros
     from bench.report import add_to_summary, format_summary, write_report
 
-    summary = write_report(result, out, junit=args.junit)
+    try:
+        summary = write_report(result, out, junit=args.junit)
+    except OSError as error:  # a full disk, a file size limit: each file is whole or absent, the message names it
+        verdict = "passed" if result.ok else f"found {len(result.violations)} violation(s)"
+        print(f"rollout-bench: error: {error}; the report in {out} is incomplete (files written before it are whole, "
+              f"nothing is half-written); the run itself {verdict}", file=sys.stderr)
+        return 2
     print(format_summary(summary, str(out.resolve())))
     print(f"report: {out.resolve()}")
     if signalled:
@@ -395,10 +406,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     """Start (or stop) a warm worker: the target imported once, each run of it forked from there."""
     import signal
     import subprocess
-    import tempfile
 
     from bench.isolation.process import worker_env
-    from bench.isolation.warm_client import running_warm, socket_path, start_warm, stop_warm
+    from bench.isolation.warm_client import default_log, running_warm, socket_path, start_warm, stop_warm
     from bench.targets import check_target_spec
     from bench.targets.frameworks.envs import target_python
 
@@ -415,7 +425,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         print(f"a warm worker for {args.target} already runs (pid {pid}, socket {path}); "
               f"stop it with: rollout-bench worker --target {args.target} --stop")
         return 0
-    log = Path(args.log) if args.log else Path(tempfile.mkdtemp(prefix="rollout-bench-warm-")) / "warm.log"
+    log = Path(args.log) if args.log else default_log(python, args.target)
     process, ready = start_warm(python, args.target, _target_options(args), args.idle_timeout, worker_env(python), log)
     print(f"warm worker for {ready['target']} ready: pid {ready['pid']}, {python}, socket {path}, log {log}\n"
           f"runs of {args.target.split(':')[0]} under this interpreter now fork from it (`run --cold` to opt out); "
@@ -438,26 +448,36 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from bench.orchestration.known import resolve_known
     from bench.sweep.sweeper import SweepOptions, default_jobs, sweep_command, sweep_invariants
 
+    if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise ValueError(f"--out {args.out} with --resume {args.resume}: a resumed sweep writes into its own folder")
+    if not args.resume and not args.out:
+        raise ValueError("--out: required (or --resume DIR to finish a sweep)")
     # a bad known-findings file fails here, not in every run; each run gets the file's absolute path
     known = ["--known", str(resolve_known(args.known)[0].resolve())] if args.known else []
     run_args = (["--python", args.python] if args.python else []) + (["--in-process"] if args.in_process else []) \
         + known
-    options = SweepOptions(trace=args.trace, n=args.n, time_scale=args.time_scale, concurrency=args.concurrency,
-                           watchdog_s=args.watchdog, timeout_s=args.timeout,
-                           jobs=default_jobs() if args.jobs is None else args.jobs, run_args=tuple(run_args),
-                           invariants=sweep_invariants(args.invariants))
+    # what this command sets (a resumed sweep takes the rest from its record, and refuses other values)
+    given = {key: value for key, value in (
+        ("trace", args.trace), ("n", args.n), ("time_scale", args.time_scale), ("concurrency", args.concurrency),
+        ("watchdog_s", args.watchdog), ("timeout_s", args.timeout),
+        ("invariants", None if args.invariants is None else sweep_invariants(args.invariants)),
+        ("steps", args.steps), ("on_step_failure", args.on_step_failure),
+        ("run_args", tuple(run_args) or None), ("jobs", args.jobs)) if value is not None}
+    options = SweepOptions(**{"invariants": sweep_invariants(None), "jobs": default_jobs(), **given})
     import signal
 
     previous = _raise_on_sigterm()  # SIGTERM ends the sweep as Ctrl-C does: runs stopped, sweep.json interrupted
     try:
-        return sweep_command(args.plan, args.target, args.rates, args.seeds, args.out, options)
+        return sweep_command(args.plan, args.target, args.rates, args.seeds, args.resume or args.out, options,
+                             shard=args.shard, resume=bool(args.resume), given=frozenset(given),
+                             ray_address=args.ray)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from bench.report import format_summary, load_sweep, rerender
-    from bench.sweep.sweeper import sweep_status_note
+    from bench.sweep.liveness import sweep_status_note
     from bench.sweep.table import is_sweep_folder
 
     if is_sweep_folder(args.folder):  # a sweep: one line per run, as its table has them
@@ -697,7 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="exit after this many seconds without a run (default 1800)")
     worker.add_argument("--detach", action="store_true", help="return once it is ready, leaving it running")
     worker.add_argument("--stop", action="store_true", help="stop the warm worker for this target")
-    worker.add_argument("--log", help="the warm worker's log file (default: a temp folder)")
+    worker.add_argument("--log", help="the warm worker's log file (default: beside its socket in its runtime "
+                        "folder, removed when it exits)")
     worker.add_argument("--source", metavar="DIR",
                         help="a framework run from source (slime, open-instruct, prime-rl): its checkout")
     worker.add_argument("--slime-path", metavar="DIR", help="--source's older name")
@@ -707,23 +728,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="run a grid of plans x targets x fault rates x seeds, a process per "
                            "run, into one table (DIR/sweep.csv)")
-    sweep.add_argument("--plan", required=True, help="plan files or shipped names, comma-separated")
-    sweep.add_argument("--target", required=True, help="targets (NAME[:variant] or module:attr), comma-separated")
-    sweep.add_argument("--rates", required=True,
+    sweep.add_argument("--plan", help="plan files or shipped names, comma-separated")
+    sweep.add_argument("--target", help="targets (NAME[:variant] or module:attr), comma-separated")
+    sweep.add_argument("--rates",
                        help="fault rates in [0, 1], comma-separated (0.01 or 1/400): each plan's most likely "
                             "probability rule fires with this p, its other `p` rules keep their ratio to it; "
                             "rules without `p` are left alone; 0 removes the `p` rules")
-    sweep.add_argument("--seeds", required=True, help="plan seeds, comma-separated (each replaces the plan's own)")
-    sweep.add_argument("--out", required=True, help="a new or empty folder: runs/<id>/ per run, sweep.csv, sweep.json")
-    sweep.add_argument("--trace", default=DEFAULT_TRACE, help=f"trace file or shipped name (default {DEFAULT_TRACE})")
+    sweep.add_argument("--seeds", help="plan seeds, comma-separated (each replaces the plan's own)")
+    sweep.add_argument("--out", help="a new or empty folder: runs/<id>/ per run, sweep.csv, sweep.json")
+    sweep.add_argument("--resume", metavar="DIR", help="finish the sweep in DIR (its driver died or was stopped): "
+                       "run only its missing runs, with its grid and options (any given again must match)")
+    sweep.add_argument("--shard", metavar="K/N", help="run part K of N of the grid (points K-1, K-1+N, ...), e.g. "
+                       "one CI job each")
+    sweep.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                       help="run each point as a task on a Ray cluster (default address: RAY_ADDRESS or the "
+                            "local cluster; needs rollout-bench[ray] on every node)")
+    sweep.add_argument("--trace", help=f"trace file or shipped name (default {DEFAULT_TRACE})")
     sweep.add_argument("--n", type=int_at_least(1), help="run only the first N trajectories of the trace")
-    sweep.add_argument("--jobs", type=int, help="runs at once (default: the cores this process may use)")
-    sweep.add_argument("--timeout", type=float, default=600.0,
+    sweep.add_argument("--jobs", type=int, help="runs at once (default: the cores this process may use; with "
+                       "--ray, the cluster's CPUs)")
+    sweep.add_argument("--timeout", type=float,
                        help="seconds per run before it is killed with its children and recorded as timeout (600)")
-    sweep.add_argument("--time-scale", type=non_negative, default=0.05, help="as for run (default 0.05; 0: fastest)")
-    sweep.add_argument("--concurrency", type=int_at_least(1), default=64, help="as for run (default 64)")
-    sweep.add_argument("--watchdog", type=positive_seconds, default=30.0, help="as for run (default 30)")
+    sweep.add_argument("--time-scale", type=non_negative, help="as for run (default 0.05; 0: fastest)")
+    sweep.add_argument("--concurrency", type=int_at_least(1), help="as for run (default 64)")
+    sweep.add_argument("--watchdog", type=positive_seconds, help="as for run (default 30)")
     sweep.add_argument("--known", metavar="NAME|FILE", help="known findings for every run (as for run)")
+    sweep.add_argument("--steps", type=int_at_least(1), metavar="K",
+                       help="as for run: K training steps per run in one worker (default 1)")
+    sweep.add_argument("--on-step-failure", choices=("stop", "continue"),
+                       help="as for run, with --steps (default stop)")
     sweep.add_argument("--invariants", help="comma-separated invariants to check (default all but vacuity: a rule "
                                             "that never fired at a low rate is data, the fault_events column)")
     sweep.add_argument("--python", metavar="PATH", help="as for run: the target worker's interpreter")
@@ -769,6 +802,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     command: Callable[[argparse.Namespace], int] = args.run
+    import signal
+
+    # past a file size limit (`ulimit -f`) a write then fails with EFBIG, which names the file, instead of the kernel
+    # killing the process silently mid-report
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         return command(args)
     except BrokenPipeError:  # output piped into `head` and friends

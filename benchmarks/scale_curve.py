@@ -18,6 +18,14 @@ The bench and the worker are not pinned: the scheduler shares the machine's core
 Linearity: run CPU is fitted as a + b x requests (least squares); the report gives b (µs per request), R^2 and
 each cell's deviation from the fit, and the same against requests and prompt tokens together (a long context
 costs the bench more per request only if the tokens term carries weight).
+
+`--run-cpu` measures issue 18's run instead of the grid: `rollout-bench run --target ref-tool-loop:fixed --plan
+seed-004` over the shipped agentic-500 at the command line's time scale (0.05), `--rounds` times, each in its own
+process; per round the bench's CPU per generation request (the summary's `bench_cpu_us_per_request`, aim 250 µs)
+and its ratio to the target's CPU in the same run (the worker's: a ratio within one run holds better than a
+figure across runs on a shared machine), with the load average. `--phases` adds one round split by phase
+(`benchmarks.scale_run --phases`): what each synchronous part costs per request, and the rest (aiohttp, the event
+loop, the middleware, the pacing). Results in `run_cpu.{json,csv,md}`.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import gzip
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,21 +76,28 @@ def decompressed_bytes(path: Path) -> int:
 
 
 def run_cell(trace: Path, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One `rollout-bench run` in its own process; its summary and requests joined with its rusage."""
+    """One `rollout-bench run` over a cell's trace in its own process; its summary and requests joined with its
+    rusage."""
+    return run_measured(["--trace", str(trace), "--target", args.target, "--plan", "none", "--time-scale",
+                         str(args.time_scale), "--concurrency", str(args.concurrency)], folder, trace.name)
+
+
+def run_measured(run_args: list[str], folder: Path, name: str, *, phases: bool = False) -> dict[str, Any]:
+    """`rollout-bench run RUN_ARGS` in its own process (`benchmarks.scale_run`), no repro reruns, no warm worker;
+    its summary and requests joined with its rusage (and its CPU by phase, with `phases`)."""
     report, result = folder / "report", folder / "rusage.json"
-    command = [sys.executable, "-m", "benchmarks.scale_run", str(result), "run", "--trace", str(trace),
-               "--target", args.target, "--plan", "none", "--time-scale", str(args.time_scale),
-               "--concurrency", str(args.concurrency), "--repro-reruns", "0", "--cold", "--out", str(report)]
+    command = [sys.executable, "-m", "benchmarks.scale_run", *(["--phases"] if phases else []), str(result), "run",
+               *run_args, "--repro-reruns", "0", "--cold", "--out", str(report)]
     clock = time.perf_counter()
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=Path(__file__).resolve().parent.parent)
     wall = time.perf_counter() - clock
     if done.returncode != 0 or not result.exists():
-        raise RuntimeError(f"rollout-bench run over {trace.name} failed (status {done.returncode}):\n"
+        raise RuntimeError(f"rollout-bench run over {name} failed (status {done.returncode}):\n"
                           f"{done.stdout[-3000:]}")
     usage = json.loads(result.read_text())
     if usage["exit"] not in (0, 1):
-        raise RuntimeError(f"rollout-bench run over {trace.name} ended with status {usage['exit']}:\n"
+        raise RuntimeError(f"rollout-bench run over {name} ended with status {usage['exit']}:\n"
                            f"{done.stdout[-3000:]}")
     summary = json.loads((report / "summary.json").read_text())
     prompt_tokens = completion_tokens = 0
@@ -99,7 +115,8 @@ def run_cell(trace: Path, folder: Path, args: argparse.Namespace) -> dict[str, A
             "run_cpu_us_per_request": throughput["bench_cpu_us_per_request"],
             "target_cpu_s": throughput.get("target_cpu_s"), "process_cpu_s": round(usage["cpu_s"], 3),
             "process_cpu_us_per_request": round(usage["cpu_s"] / requests * 1e6, 1) if requests else None,
-            "wall_s": round(wall, 3), "peak_rss_mb": round(usage["peak_rss_bytes"] / MB, 1)}
+            "wall_s": round(wall, 3), "peak_rss_mb": round(usage["peak_rss_bytes"] / MB, 1),
+            **({"phases": usage["phases"], "phases_imports_s": usage["phases_imports_s"]} if phases else {})}
 
 
 def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -230,11 +247,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="keep the synthesized traces here and reuse them (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder ({DEFAULT_OUT})")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 and 20 trajectories, 1 and 3 turns")
+    parser.add_argument("--run-cpu", action="store_true",
+                        help="measure issue 18's run (ref-tool-loop:fixed, seed-004, agentic-500) instead of the grid")
+    parser.add_argument("--rounds", type=int, default=3, help="--run-cpu: runs measured (3)")
+    parser.add_argument("--phases", action="store_true", help="--run-cpu: one more run, split by phase")
     parser.add_argument("--replot", type=Path, metavar="JSON",
                         help="only redraw the plot and the markdown table of an earlier run's scale_curve.json")
     args = parser.parse_args(argv)
+    args.n = None  # --run-cpu: all of agentic-500 (--quick: its first 20 trajectories)
     if args.quick:
         args.trajectories, args.turns = "10,20", "1,3"
+        args.rounds, args.n, args.phases = 1, 20, True
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     try:
         args.trajectories = [int(n) for n in args.trajectories.split(",")]
         args.turns = [int(t) for t in args.turns.split(",")]
@@ -259,8 +284,97 @@ def write_figures(out: Path, payload: dict[str, Any]) -> tuple[Path, Path]:
     return md_path, png_path
 
 
+RUN_CPU_AIM_US = 250.0  # issue 18: bench CPU per served request in this run, provenance and invariants included
+RUN_CPU_ARGS = ["--target", "ref-tool-loop:fixed", "--plan", "seed-004"]  # over agentic-500, time scale 0.05
+
+
+def run_cpu(args: argparse.Namespace) -> int:
+    """Issue 18's run, `--rounds` times (and once split by phase with `--phases`)."""
+    info = machine()
+    parameters = {"command": "rollout-bench run " + " ".join(RUN_CPU_ARGS), "trace": "agentic-500",
+                  "rounds": args.rounds, "n": args.n, "phases": args.phases, "aim_us_per_request": RUN_CPU_AIM_US}
+    print(f"machine: {info['cores']} cores, {info['cpu']}, Python {info['python']}, {info['date']}")
+    print("parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
+    run_args = RUN_CPU_ARGS + (["--n", str(args.n)] if args.n else [])
+    scratch = Path(tempfile.mkdtemp(prefix="rb-run-cpu-"))
+    rows: list[dict[str, Any]] = []
+    split: dict[str, Any] | None = None
+    try:
+        for number in range(1, args.rounds + 1 + args.phases):
+            phases = number > args.rounds
+            load = os.getloadavg()[0]
+            cell = run_measured(run_args, scratch / f"round-{number}", "agentic-500", phases=phases)
+            ratio = round(cell["run_cpu_s"] / cell["target_cpu_s"], 3) if cell.get("target_cpu_s") else None
+            row = {"round": "phases" if phases else number, "load_1min": round(load, 2), **cell,
+                   "bench_to_target_cpu": ratio}
+            print(f"  {'split' if phases else f'round {number}'}: {row['requests']} requests, bench CPU "
+                  f"{row['run_cpu_s']:.3f} s = {row['run_cpu_us_per_request']} µs/request, target CPU "
+                  f"{row['target_cpu_s']} s (bench/target {ratio}), load average {load:.2f}", flush=True)
+            if phases:
+                split = row
+            else:
+                rows.append(row)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    median_us = statistics.median(r["run_cpu_us_per_request"] for r in rows)
+    ratios = [r["bench_to_target_cpu"] for r in rows if r["bench_to_target_cpu"] is not None]
+    verdict = {"median_us_per_request": median_us, "median_bench_to_target_cpu": statistics.median(ratios)
+               if ratios else None, "aim_us_per_request": RUN_CPU_AIM_US, "aim_holds": median_us <= RUN_CPU_AIM_US}
+    print(f"\nmedian {median_us} µs of bench CPU per request (aim {RUN_CPU_AIM_US:g}: "
+          f"{'holds' if verdict['aim_holds'] else 'not reached'}), "
+          f"bench/target CPU {verdict['median_bench_to_target_cpu']}")
+    table = phase_table(split) if split else []
+    for line in table:
+        print(f"  {line['us_per_request']:>8} µs/request  {line['phase']}")
+    payload = {"benchmark": "run_cpu", "machine": info, "load_average_after": os.getloadavg(),
+               "parameters": parameters, "rows": rows, "verdict": verdict, "split": split, "phase_table": table}
+    json_path, csv_path = write_results(args.out, "run_cpu", payload, rows)
+    md_path = args.out / "run_cpu.md"
+    md_path.write_text(run_cpu_markdown(payload))
+    print(f"wrote {json_path}, {csv_path} and {md_path}")
+    return 0
+
+
+def phase_table(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The split round's CPU per request by phase, the rest (aiohttp, event loop, middleware, pacing) last."""
+    requests = row["requests"] or 1
+    lines = [{"phase": p["phase"], "cpu_s": p["cpu_s"], "calls": p["calls"], "nested": p["nested"],
+              "us_per_request": round(p["cpu_s"] / requests * 1e6, 1)} for p in row["phases"]]
+    rest = row["run_cpu_s"] - sum(p["cpu_s"] for p in row["phases"] if not p["nested"])
+    lines.append({"phase": "the rest: aiohttp, event loop, middleware, pacing, start-up", "cpu_s": round(rest, 4),
+                  "calls": None, "nested": False, "us_per_request": round(rest / requests * 1e6, 1)})
+    lines.append({"phase": "server modules imported (before the split run; inside a plain one)",
+                  "cpu_s": row["phases_imports_s"], "calls": None, "nested": True,
+                  "us_per_request": round(row["phases_imports_s"] / requests * 1e6, 1)})
+    return lines
+
+
+def run_cpu_markdown(payload: dict[str, Any]) -> str:
+    info, verdict = payload["machine"], payload["verdict"]
+    lines = [f"# Bench CPU in issue 18's run ({info['date']})", "",
+             f"{info['cores']} cores, {info['cpu']}, Python {info['python']}; "
+             f"`{payload['parameters']['command']}` over agentic-500.", "",
+             "| round | load (1 min) | requests | bench CPU s | µs/request | target CPU s | bench/target CPU |",
+             "|---|---|---|---|---|---|---|"]
+    for r in payload["rows"]:
+        lines.append(f"| {r['round']} | {r['load_1min']} | {r['requests']} | {r['run_cpu_s']} | "
+                     f"{r['run_cpu_us_per_request']} | {r['target_cpu_s']} | {r['bench_to_target_cpu']} |")
+    lines += ["", f"Median {verdict['median_us_per_request']} µs per request (aim {verdict['aim_us_per_request']:g}: "
+              f"{'holds' if verdict['aim_holds'] else 'not reached'}).", ""]
+    if payload["phase_table"]:
+        split = payload["split"]
+        lines += [f"Split by phase (one more run, {split['requests']} requests, {split['run_cpu_us_per_request']} "
+                  "µs/request; nested: inside the phase above it):", "", "| phase | CPU s | calls | µs/request |",
+                  "|---|---|---|---|"]
+        lines += [f"| {p['phase']}{' (nested)' if p['nested'] else ''} | {p['cpu_s']} | {p['calls'] or ''} | "
+                  f"{p['us_per_request']} |" for p in payload["phase_table"]]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.run_cpu:
+        return run_cpu(args)
     if args.replot:
         payload = json.loads(args.replot.read_text())
         payload["fit"] = fit(payload["rows"])

@@ -5,8 +5,9 @@ turns in order, on the native route (streamed or not) and the OpenAI completions
 `X-Bench-Trajectory`, with admin calls mixed in; cycle after cycle over the trace until the time is up. Every few
 seconds the server's resident memory and open file descriptors are sampled. It passes when:
 
-- memory after warm-up (the first full cycle, or the first tenth of the time, whichever ends later) grows by at most
-  10% to the end, and file descriptors do not grow (a little slack for connections being replaced);
+- memory after warm-up (the first full cycle, the first tenth of the time, and the server's bounded logs filled:
+  1.25 x its --keep-requests requests, whichever ends last) grows by at most 10% to the end, and file descriptors do
+  not grow (a little slack for connections being replaced);
 - determinism is intact: the fault events of the first cycle, sent at the soak's concurrency, are the very events a
   fresh server gives the same cycle sent at concurrency 2 (the same seed decides the same faults, whatever the
   interleaving);
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import aiohttp
+
+from bench.server.limits import SERVE_KEEP_REQUESTS
 
 from .common import DEFAULT_OUT, machine, print_table, write_results
 
@@ -98,9 +101,14 @@ def cycle_of(trace: str, limit: int | None) -> list[list[Turn]]:
 class Server:
     """A `rollout-bench serve` process on an ephemeral port; stopped by its pid only."""
 
-    def __init__(self, trace: str, plan: str, seed: int) -> None:
+    def __init__(self, trace: str, plan: str, seed: int, log_dir: Path | None = None,
+                 keep_requests: int | None = None) -> None:
         command = [sys.executable, "-m", "bench", "serve", "--trace", trace, "--plan", plan, "--seed", str(seed),
                    "--port", "0", "--time-scale", "0"]
+        if log_dir is not None:  # the server's older log rows spill there while it runs (bounded memory)
+            command += ["--log-dir", str(log_dir)]
+        if keep_requests is not None:
+            command += ["--keep-requests", str(keep_requests)]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert self.process.stdout is not None
@@ -210,7 +218,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     requests_per_cycle = sum(len(turns) for turns in cycle)
     print(f"soak: {args.minutes} min, trace {args.trace} ({len(cycle)} trajectories, {requests_per_cycle} requests "
           f"a cycle), plan {args.plan}, seed {args.seed}, concurrency {args.concurrency}", flush=True)
-    server = Server(args.trace, args.plan, args.seed)
+    keep = args.keep_requests or SERVE_KEEP_REQUESTS
+    server = Server(args.trace, args.plan, args.seed, args.out / "server-logs", keep)
     samples: list[dict[str, Any]] = []
     tally = Tally()
     started = time.monotonic()
@@ -238,6 +247,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         log = await asyncio.to_thread(_json, server.url, "/bench/requests")
     finally:
         server.stop()
+    on_disk = _logs_on_disk(args.out / "server-logs")
     if not first_events:
         raise RuntimeError("the soak ended before its first cycle did: give it more minutes or fewer trajectories")
     fresh = Server(args.trace, args.plan, args.seed)
@@ -247,7 +257,17 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         fresh.stop()
     return _verdict(args, samples, tally, cycles, requests_per_cycle, warm_at or 0.0, healthy, log, first_events,
-                    fresh_events)
+                    fresh_events, on_disk)
+
+
+def _logs_on_disk(folder: Path) -> dict[str, Any]:
+    """What the server left in its --log-dir at shutdown: requests.csv's rows, and whether its spill folder is gone
+    (every chunk written into the CSV)."""
+    import csv
+
+    path = folder / "requests.csv"
+    rows = sum(1 for _ in csv.reader(path.open(newline=""))) - 1 if path.exists() else 0
+    return {"requests_csv_rows": rows, "spill_left": (folder / "spill").exists()}
 
 
 def _status(url: str) -> int:
@@ -259,8 +279,12 @@ def _status(url: str) -> int:
 
 def _verdict(args: argparse.Namespace, samples: list[dict[str, Any]], tally: Tally, cycles: int,
              requests_per_cycle: int, warm_at: float, healthy: bool, log: list[dict[str, Any]],
-             first_events: list[tuple[Any, ...]], fresh_events: list[tuple[Any, ...]]) -> dict[str, Any]:
-    warm = next((s for s in samples if s["t_s"] >= warm_at), samples[-1])
+             first_events: list[tuple[Any, ...]], fresh_events: list[tuple[Any, ...]],
+             on_disk: dict[str, Any]) -> dict[str, Any]:
+    # warm-up also lasts until the server's bounded logs are full: it keeps `keep_requests` requests in memory and
+    # trims back to that many each time a quarter more came in, so its memory grows by design until then
+    fill = int(1.25 * (getattr(args, "keep_requests", None) or SERVE_KEEP_REQUESTS)) + 1
+    warm = next((s for s in samples if s["t_s"] >= warm_at and s["requests"] >= fill), samples[-1])
     last = samples[-1]
     growth = (last["rss_mb"] - warm["rss_mb"]) / warm["rss_mb"]
     unexplained = [row for row in log if (row.get("status") or 0) >= 500 and not _explained(row)]
@@ -275,13 +299,16 @@ def _verdict(args: argparse.Namespace, samples: list[dict[str, Any]], tally: Tal
         "no_unexplained_5xx": {"value": len(unexplained), "ok": not unexplained},
         "healthy_at_end": {"value": healthy, "ok": healthy},
         "log_row_per_request": {"value": f"{len(log)} rows, {tally.requests} requests sent",
-                                "ok": len(log) >= tally.requests},
+                                "ok": len(log) >= tally.requests and [r["seq"] for r in log] == list(range(len(log)))},
+        "whole_log_on_disk": {"value": f"{on_disk['requests_csv_rows']} rows in requests.csv",
+                              "ok": on_disk["requests_csv_rows"] >= len(log) and not on_disk["spill_left"]},
     }
     return {"machine": machine(), "minutes": args.minutes, "trace": args.trace, "plan": args.plan, "seed": args.seed,
             "concurrency": args.concurrency, "cycles": cycles, "requests_per_cycle": requests_per_cycle,
             "requests": tally.requests, "statuses": tally.statuses, "client_errors": tally.client_errors,
             "warm_at_s": warm["t_s"], "rss_mb": {"warm": warm["rss_mb"], "end": last["rss_mb"]},
-            "fds": {"warm": warm["fds"], "end": last["fds"]}, "checks": checks, "samples": samples,
+            "fds": {"warm": warm["fds"], "end": last["fds"]}, "rss_mb_start": samples[0]["rss_mb"],
+            "load_average": os.getloadavg(), "checks": checks, "samples": samples,
             "unexplained_5xx": unexplained[:20]}
 
 
@@ -325,10 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "soak")
+    parser.add_argument("--keep-requests", type=int, help="the server's --keep-requests (default: serve's own; the "
+                        "quick mode keeps 1,000 so that its log spills to disk within the 20 s)")
     parser.add_argument("--quick", action="store_true", help="20 seconds over 40 trajectories (the test's mode)")
     args = parser.parse_args(argv)
     if args.quick:
         args.minutes, args.trajectories = 1 / 3, args.trajectories or 40
+        args.keep_requests = args.keep_requests or 1_000
     if args.minutes <= 0 or args.concurrency < 1 or (args.trajectories is not None and args.trajectories < 1):
         parser.error("--minutes, --concurrency and --trajectories must be positive")
     result = asyncio.run(soak(args))

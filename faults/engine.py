@@ -16,6 +16,7 @@ import random
 import time
 from dataclasses import dataclass
 from hashlib import blake2b
+from typing import Any
 
 from .base import Fault, FaultError
 from .exchange import Exchange
@@ -166,19 +167,20 @@ class CompiledPlan:
     """A plan's request rules, ready for deciding on every request at little cost, with exactly the decisions of
     `Schedule.fires` (in plan order): the conditions that depend only on where a request is (trajectory, group, turn,
     endpoint, trajectory index) are checked once per place, and a probability is compared as an integer against
-    the hash (`uniform` without its division), from byte strings built once per rule."""
+    the hash (`uniform` without its division), from a hash state per rule that already holds its key's start."""
 
     _PLACES = 100_000  # places remembered (unknown requests each make one: bounded)
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.rules = tuple(r for r in plan.rules if r.fault.server_side and not r.fault.on_weight_update)
-        # per rule: the start of its `uniform` hash key, and its probability as a threshold on the hash
-        self._keys = tuple(f"{plan.seed}\x00{r.name}\x00".encode() if r.schedule.p is not None else None
-                           for r in self.rules)
+        # per rule: its `uniform` hash with the key's start already hashed (each request copies it and hashes only its
+        # own part: half the cost of hashing the whole key), and its probability as a threshold on the hash
+        self._keys = tuple(blake2b(f"{plan.seed}\x00{r.name}\x00".encode(), digest_size=8)
+                           if r.schedule.p is not None else None for r in self.rules)
         self._thresholds = tuple(_threshold(r.schedule._threshold) if r.schedule.p is not None else 0
                                  for r in self.rules)
-        self._places: dict[tuple[object, ...], tuple[tuple[Rule, bytes | None, int, bool], ...]] = {}
+        self._places: dict[tuple[object, ...], tuple[tuple[Rule, Any, int, bool], ...]] = {}
 
     def fired(self, target: Target, elapsed: float) -> tuple[Rule, ...]:
         return self.fired_fields(target.trajectory, target.index, target.group, target.turn, target.attempt,
@@ -200,19 +202,24 @@ class CompiledPlan:
             return ()
         suffix = f"{trajectory}\x00{turn}\x00{attempt}".encode()
         fired = []
-        for rule, key, threshold, simple in candidates:
+        for rule, started, threshold, simple in candidates:
             if not simple:
                 if target is None:
                     target = Target(trajectory, index, group, turn, attempt, endpoint)
                 if rule.schedule.fires(self.plan.seed, rule.name, target, elapsed):
                     fired.append(rule)
-            elif key is None or _from_bytes(blake2b(key + suffix, digest_size=8).digest(), "big") < threshold:
-                fired.append(rule)
+                continue
+            if started is not None:
+                hashed = started.copy()
+                hashed.update(suffix)
+                if _from_bytes(hashed.digest(), "big") >= threshold:
+                    continue
+            fired.append(rule)
         return tuple(fired)
 
     def _candidates(self, trajectory: str, index: int | None, group: str | None, turn: int, endpoint: str
-                    ) -> tuple[tuple[Rule, bytes | None, int, bool], ...]:
-        """The rules whose place conditions hold for the target, each with its hash key (None: no probability),
+                    ) -> tuple[tuple[Rule, Any, int, bool], ...]:
+        """The rules whose place conditions hold for the target, each with its started hash (None: no probability),
         its integer threshold, and whether that is all left to check (no attempt or time condition)."""
         out = []
         for rule, key, threshold in zip(self.rules, self._keys, self._thresholds):

@@ -70,3 +70,29 @@ class EscapesAndHangs(Escapes):
 
     name = "tests:escapes-and-hangs"
     defaults = {"setsid": True, "end": "hang"}
+
+
+class ChildrenOnCue:
+    """For overlapping inline runs: starts a `sleep` child in a session of its own at once, another once the file
+    `<dir>/<name>.more` exists, keeps their pids in `<dir>/<name>.pids` (whole lines), and ends (emitting every
+    record) once `<dir>/<name>.end` exists."""
+
+    name = "tests:children-on-cue"
+    fail_fast = False
+
+    async def run(self, job: RolloutJob, emit: Emit) -> None:
+        folder, name = Path(str(job.options["dir"])), str(job.options["name"])
+        pids = [subprocess.Popen(["sleep", "300"], start_new_session=True).pid]
+        _write_pids(folder / f"{name}.pids", pids)
+        while not (folder / f"{name}.end").exists():
+            if len(pids) == 1 and (folder / f"{name}.more").exists():
+                pids.append(subprocess.Popen(["sleep", "301"], start_new_session=True).pid)
+                _write_pids(folder / f"{name}.pids", pids)
+            await asyncio.sleep(0.02)
+        for spec in job.trajectories:
+            emit(SampleRecord(spec.id, spec.group, "completed", prompt_length=len(spec.prompt_ids)))
+
+
+def _write_pids(path: Path, pids: list[int]) -> None:
+    path.with_suffix(".tmp").write_text(" ".join(map(str, pids)) + "\n")
+    path.with_suffix(".tmp").rename(path)

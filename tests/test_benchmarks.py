@@ -22,11 +22,12 @@ from benchmarks.http_load import Load, raw_request
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bench(module: str, out: Path, *extra: str) -> tuple[dict, str]:
+def _bench(module: str, out: Path, *extra: str, results: str | None = None) -> tuple[dict, str]:
+    """`--quick` run of a benchmark; its results file (`results`: when not named after the module)."""
     done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out), *extra],
                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:]
-    return json.loads((out / f"{module}.json").read_text()), done.stdout
+    return json.loads((out / f"{results or module}.json").read_text()), done.stdout
 
 
 
@@ -158,6 +159,30 @@ def test_scale_curve_quick_runs_every_cell_and_fits_the_bench_cpu(tmp_path: Path
     assert "µs x requests" in stdout and (tmp_path / "scale_curve.csv").read_text().count("\n") == 5
     assert (tmp_path / "scale_curve.md").read_text().count("\n| ") == 5  # header and four cells
     assert (tmp_path / "scale_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_scale_curve_run_cpu_quick_measures_the_issue_run_and_splits_it_by_phase(tmp_path: Path) -> None:
+    """`--run-cpu --quick`: issue 18's run (seed-004, ref-tool-loop:fixed) over 20 of agentic-500's trajectories, once
+    plain and once split by phase. The split accounts for every request on the /generate fast path (each step called
+    once per request), the one-off phases once, and leaves a positive rest; the figures are the run's own summary's."""
+    result, stdout = _bench("scale_curve", tmp_path, "--run-cpu", results="run_cpu")
+    (row,) = result["rows"]
+    assert row["exit"] == 0 and row["violations"] == [] and row["drifted"] == 0, row
+    assert 20 < row["requests"] and 0 < row["run_cpu_s"] < row["process_cpu_s"] and row["target_cpu_s"] > 0, row
+    assert row["run_cpu_us_per_request"] == pytest.approx(row["run_cpu_s"] / row["requests"] * 1e6, rel=0.02)
+    assert row["bench_to_target_cpu"] == pytest.approx(row["run_cpu_s"] / row["target_cpu_s"], rel=0.01)
+    split = result["split"]
+    assert split["requests"] == row["requests"] and split["round"] == "phases"
+    calls = {p["phase"]: p["calls"] for p in split["phases"]}
+    assert calls["trace load (decode, check, pack)"] == 1 and calls["invariants (check_all)"] == 1
+    assert calls["worker lines decoded (records)"] >= 20  # hello, 20 records, done
+    for step in ("body decoded, ids packed and range-checked", "identified", "request log row",
+                 "served-token entry (prompt hashed, parent found)"):
+        assert calls[f"/generate: {step}"] == split["requests"], step
+    rest = result["phase_table"][-2]
+    assert rest["phase"].startswith("the rest") and rest["cpu_s"] > 0
+    assert result["verdict"]["aim_us_per_request"] == 250 and "µs of bench CPU per request" in stdout
+    assert (tmp_path / "run_cpu.md").read_text().count("\n| ") >= 2 + len(split["phases"])
 
 
 @pytest.mark.slow

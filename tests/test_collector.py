@@ -39,3 +39,26 @@ def test_a_whole_run_leaves_the_collector_as_it_found_it() -> None:
     result = asyncio.run(run(RunConfig(trace="rlvr-500", n=4, target="ref-gather:fixed", isolation="inline")))
     assert len(result.records) == 4
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_a_trace_loads_without_collections_and_is_frozen_after_but_only_inside_a_run() -> None:
+    """`collector.loading()`: what a load allocates all survives it, so no young collection may walk it meanwhile
+    (they cost a run of agentic-500 about 0.1 s) and the first after it must not either: it is frozen at once."""
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        with collector.tuned():
+            with collector.loading():
+                assert not gc.isenabled()
+                loaded = [[i] for i in range(3 * collector.YOUNG_THRESHOLD)]  # past the young threshold, thrice
+            assert gc.isenabled() and collections == [] and gc.get_freeze_count() >= len(loaded)
+        with collector.loading():  # outside a run: the collector is left alone
+            assert gc.isenabled()
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.callbacks.remove(count)

@@ -95,3 +95,26 @@ def test_a_recorder_still_knows_a_token_guarded_mock(tmp_path: Path) -> None:
             return (await probe(server.url)).is_bench_mock
 
     assert asyncio.run(probed("t0ken")) and asyncio.run(probed(None))
+
+
+def test_a_bench_route_without_the_token_is_refused_before_its_body_is_read() -> None:
+    """The token is checked from the head: a caller without it gets its 401 (and a log row) at once, however big or
+    slow the body it announces; the server reads, holds and waits for none of it. (The body was read first: a 10 MB
+    body announced and never sent held the request until the body timeout, then got a 408, not a 401.)"""
+    import socket
+
+    from bench.server import ServerThread
+    from bench.server.limits import Limits
+
+    with ServerThread("rlvr-500", control_token="t0ken", limits=Limits(body_timeout_s=20.0)) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(b"PUT /bench/plan HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 10000000\r\n\r\n{\"faults\": [")  # and nothing more
+            conn.settimeout(5)
+            head = conn.recv(4096)
+        assert head.startswith(b"HTTP/1.1 401"), head[:200]
+        assert b"bench_control_token" in head or b"401" in head
+        rows = [r for r in server.context.log.records if r.endpoint == "/bench/plan"]
+        assert [r.status for r in rows] == [401] and "control token" in str(rows[0].error)
+        assert server.context.faults.plan.name != "runtime"

@@ -178,6 +178,8 @@ def test_the_benchmark_shape_for_every_turn_of_rlvr() -> None:
     {"input_ids": [1, 2, 3], "rid": ["a"]},
     {"input_ids": [1, True, 3]},
     {"input_ids": [1, 2.0, 3]},
+    {"input_ids": [1, 100_000, 3]},  # outside the vocabulary (100,000 ids): checked while decoding
+    {"input_ids": [1, -1, 3]},
     {"input_ids": []},
     {"input_ids": [1, 2, 3], "return_logprob": [True]},
     {"input_ids": [1, 2, 3], "logprob_start_len": True},
@@ -250,3 +252,31 @@ def test_probability_thresholds_are_exact() -> None:
         threshold = _threshold(p)
         assert threshold == 2**64 or threshold / 2**64 >= p
         assert threshold == 0 or (threshold - 1) / 2**64 < p
+
+
+def test_waiting_loop_iterations_leaves_no_cycle_for_the_collector() -> None:
+    """The fast path waits `_SLOW_PATH_HOPS` loop iterations per request: that wait must leave nothing for the cyclic
+    collector (a self-referencing closure did, two thousand futures and closures alive at a young collection in a
+    run), and still take its iterations."""
+    import gc
+
+    from bench.server.native import _iterations_later
+
+    async def waits() -> list[int]:
+        order: list[int] = []
+        loop = asyncio.get_running_loop()
+        for _ in range(100):
+            loop.call_soon(order.append, 1)
+            loop.call_soon(lambda: loop.call_soon(lambda: loop.call_soon(order.append, 3)))
+            await _iterations_later(4)
+            order.append(4)  # after three iterations of callbacks: the wait is four iterations long
+        return order
+
+    gc.collect()
+    gc.disable()
+    try:
+        order = asyncio.run(waits())
+        assert order == [1, 3, 4] * 100
+        assert gc.collect() < 50  # asyncio.run's own leftovers; 100 waits with the closure left 700 objects
+    finally:
+        gc.enable()

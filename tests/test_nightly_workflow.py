@@ -50,13 +50,12 @@ def _env(workflow: dict[str, Any]) -> dict[str, str]:
     return {key: _default(value) for key, value in workflow["env"].items()}
 
 
-def _steps(workflow: dict[str, Any]) -> list[dict[str, Any]]:
-    (job,) = workflow["jobs"].values()
-    return job["steps"]  # type: ignore[no-any-return]
+def _steps(workflow: dict[str, Any], job: str = "regression") -> list[dict[str, Any]]:
+    return workflow["jobs"][job]["steps"]  # type: ignore[no-any-return]
 
 
-def _step(workflow: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(step for step in _steps(workflow) if step.get("name") == name)
+def _step(workflow: dict[str, Any], name: str, job: str = "regression") -> dict[str, Any]:
+    return next(step for step in _steps(workflow, job) if step.get("name") == name)
 
 
 def _command_lines(script: str) -> list[str]:
@@ -70,7 +69,8 @@ def test_workflow_structure(workflow: dict[str, Any]) -> None:
     assert len(schedule["cron"].split()) == 5
     assert set(triggers["workflow_dispatch"]["inputs"]) == {"target", "plans", "trace", "args"}
     assert workflow["permissions"] == {"contents": "read"}
-    (job,) = workflow["jobs"].values()
+    assert set(workflow["jobs"]) == {"regression", "sweep"}
+    job = workflow["jobs"]["regression"]
     assert job["runs-on"] and 0 < job["timeout-minutes"] <= 90
     steps = _steps(workflow)
     uses = [step["uses"] for step in steps if "uses" in step]
@@ -156,9 +156,12 @@ def test_every_plan_target_trace_and_install_spec_it_names_exists(workflow: dict
     assert install[2] == ".[test]" and "test = [" in (ROOT / "pyproject.toml").read_text()
 
 
-def _run_step(workflow: dict[str, Any], name: str, cwd: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **_env(workflow), **overrides, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    script = "set -eo pipefail\n" + _step(workflow, name)["run"]  # GitHub's bash: -e and pipefail
+def _run_step(workflow: dict[str, Any], name: str, cwd: Path, job: str = "regression",
+              **overrides: str) -> subprocess.CompletedProcess[str]:
+    job_env = {key: _default(value) for key, value in workflow["jobs"][job].get("env", {}).items()}
+    env = {**os.environ, **_env(workflow), **job_env, **overrides,
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    script = "set -eo pipefail\n" + _step(workflow, name, job)["run"]  # GitHub's bash: -e and pipefail
     return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -191,3 +194,35 @@ def test_regression_step_runs_every_plan_fails_on_violations_and_keeps_reports(
     assert summaries.returncode == 0, summaries.stderr
     text = summary_file.read_text()
     assert text.startswith("```") and "ref-gather:unfixed" in text and "poison / 5" in text
+
+
+SWEEP_STEP = "Run this shard of the sweep"
+
+
+def test_the_sweep_job_is_off_by_default_and_its_shards_cover_the_grid_once(
+        workflow: dict[str, Any], small_agentic: Path, tmp_path: Path) -> None:
+    job = workflow["jobs"]["sweep"]
+    assert "vars.BENCH_SWEEP_RATES != ''" in job["if"]  # costs nothing until a repository asks for it
+    shards = job["strategy"]["matrix"]["shard"]
+    assert shards == list(range(1, int(job["env"]["BENCH_SWEEP_SHARDS"]) + 1))  # the matrix and its count agree
+    assert job["strategy"]["fail-fast"] is False
+    for step in job["steps"]:
+        assert "${{" not in step.get("run", ""), step.get("name")
+    [upload] = [step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact")]
+    assert "!cancelled()" in upload["if"] and upload["with"]["path"].rstrip("/") == "sweep"
+    small = {"BENCH_TRACE": str(small_agentic), "BENCH_PLANS": "seed-000", "BENCH_TARGET": "ref-gather:fixed",
+             "BENCH_SWEEP_RATES": "0.1,0.2", "BENCH_SWEEP_SEEDS": "1", "BENCH_SWEEP_SHARDS": "2",
+             "BENCH_SWEEP_ARGS": "--time-scale 0 --jobs 2"}
+    runs = []
+    for shard in ("1", "2"):
+        done = _run_step(workflow, SWEEP_STEP, tmp_path, job="sweep", BENCH_SWEEP_SHARD=shard, **small)
+        assert done.returncode == 0, done.stdout + done.stderr
+        table = (tmp_path / "sweep" / f"shard-{shard}" / "sweep.csv").read_text().splitlines()[1:]
+        runs += [line.split(",", 1)[0] for line in table]
+        summary = json.loads((tmp_path / "sweep" / f"shard-{shard}" / "sweep.json").read_text())
+        assert summary["shard"] == f"{shard}/2" and summary["status"] == "finished"
+    assert sorted(runs) == ["000-seed-000-ref-gather_fixed-r0.1-s1", "001-seed-000-ref-gather_fixed-r0.2-s1"]
+    summary_file = tmp_path / "summary.md"
+    shown = _run_step(workflow, "Summary", tmp_path, job="sweep", BENCH_SWEEP_SHARD="1",
+                      GITHUB_STEP_SUMMARY=str(summary_file))
+    assert shown.returncode == 0 and "seed-000 ref-gather:fixed" in summary_file.read_text(), shown.stderr

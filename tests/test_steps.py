@@ -7,11 +7,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from bench import RunConfig, RunResult
 from bench.orchestration.runner import run_blocking
+from bench.report import load
 from bench.steps.run import StepsError
 from faults import plan_from_specs
 
@@ -267,3 +270,30 @@ def test_a_step_that_hangs_ends_the_run_there() -> None:
     outcomes = {(r.step, r.outcome, r.error.type if r.error else None) for r in result.records}
     assert outcomes == {(0, "completed", None), (1, "lost", "Hang")}
     assert _names(result) == ["liveness"]
+
+
+def test_a_sweep_runs_every_point_for_k_steps_and_tables_the_step_first_violated(tmp_path: Path) -> None:
+    """`sweep --steps K` passes the steps to every run; its table says how many ran and which step first failed."""
+    plan = tmp_path / "step-two-fails.toml"
+    plan.write_text('name = "step-two-fails"\nseed = 1\n\n[[rules]]\nfault = "http_error"\nstatus = 500\n'
+                    'p = 1\nsteps = "2"\n', encoding="utf-8")
+    out = tmp_path / "sweep"
+    done = subprocess.run([sys.executable, "-m", "bench", "sweep", "--plan", str(plan),
+                           "--target", "ref-step-singleton:unfixed,ref-step-singleton:fixed", "--rates", "1",
+                           "--seeds", "1", "--trace", TRACE, "--n", str(N), "--steps", str(K),
+                           "--on-step-failure", "continue", "--time-scale", "0", "--jobs", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-3000:]  # the unfixed target's run found a carried-over failure
+    table = load(out)["runs"].set_index("target")
+    unfixed, fixed = table.loc["ref-step-singleton:unfixed"], table.loc["ref-step-singleton:fixed"]
+    assert (unfixed["outcome"], unfixed["steps_ran"], unfixed["first_violation_step"]) == ("violations", K, 3)
+    assert "step_carryover" in unfixed["violated_invariants"]
+    assert (fixed["outcome"], fixed["steps_ran"]) == ("ok", K) and pd.isna(fixed["first_violation_step"])
+    assert fixed["trajectories"] == K * N  # every step's slice, not one step's
+
+
+def test_sweep_refuses_steps_below_one_before_any_run(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench", "sweep", "--plan", "seed-000", "--target", "ref-gather:fixed",
+                           "--rates", "0.1", "--seeds", "1", "--steps", "0", "--out", str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--steps" in done.stderr and not (tmp_path / "s").exists()

@@ -164,7 +164,7 @@ def test_sweep_of_four_rates_by_three_seeds_over_the_500_trajectory_trace(tmp_pa
     loaded = load(out)
     assert len(loaded["runs"]) == 12 and loaded["summary"]["status"] == "finished"
     assert loaded["summary"]["outcomes"] == {"ok": 12, "violations": 0, "no_requests": 0, "interrupted": 0, "crashed": 0,
-                                                "timeout": 0}
+                                                "timeout": 0, "lost": 0}
     one = load(loaded["runs"]["report"].iloc[-1])
     assert len(one["trajectories"]) == 500 and one["summary"]["seed"] == 3
     assert set(loaded["faults"]["fault"]) == {"raise_after_generate"}

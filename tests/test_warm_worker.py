@@ -243,3 +243,27 @@ def test_a_slow_cold_start_suggests_a_warm_worker(capsys: pytest.CaptureFixture[
     _suggest_warm_worker({"spec": "miles", "startup_s": 0.4, "forked_from_warm": True})
     _suggest_warm_worker({"spec": "ref-gather", "startup_s": 0.6, "forked_from_warm": False})
     assert capsys.readouterr().err == ""
+
+
+def test_a_warm_worker_leaves_nothing_in_the_temp_folder(runtime: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Its default log lives beside its socket and goes with it (it used to be a `rollout-bench-warm-*` folder in the
+    temp folder, one per start); a start that fails shows the log and removes it too."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    assert cli_main(["worker", "--target", "ref-gather", "--detach", "--idle-timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    log = socket_path(sys.executable, "ref-gather").with_suffix(".log")
+    assert f"log {log}" in out and log.exists()
+    pid = int(log.with_suffix(".pid").read_text())
+    assert cli_main(["worker", "--target", "ref-gather", "--stop"]) == 0
+    deadline = time.monotonic() + 15
+    while _alive_not_zombie(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(runtime.iterdir()) == [] and list(temp.iterdir()) == []
+    assert cli_main(["worker", "--target", "tests.isolation_targets:NoSuchClass", "--detach"]) == 2
+    assert "NoSuchClass" in capsys.readouterr().err
+    assert list(runtime.iterdir()) == [] and list(temp.iterdir()) == []

@@ -109,6 +109,7 @@ def serve(socket_path: Path, spec: str, options: dict[str, Any], idle_s: float) 
         warm_up(options)
     stamps = fingerprint()
     socket_path.unlink(missing_ok=True)
+    socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # another warm worker's exit may have removed it
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(socket_path))
     os.chmod(socket_path, 0o600)
@@ -179,6 +180,12 @@ def serve(socket_path: Path, spec: str, options: dict[str, Any], idle_s: float) 
     finally:
         socket_path.unlink(missing_ok=True)
         pid_file.unlink(missing_ok=True)
+        socket_path.with_suffix(".log").unlink(missing_ok=True)  # its default log (`warm_client.default_log`)
+        if not os.environ.get("ROLLOUT_BENCH_RUNTIME_DIR"):  # the per-user folder in the temp folder, when empty
+            try:
+                socket_path.parent.rmdir()
+            except OSError:
+                pass
         listener.close()
         for pid, conn in children.items():  # runs still going: they are their harness's to end
             _send(conn, exit=None)

@@ -42,6 +42,13 @@ def socket_path(python: str, spec: str, create: bool = False) -> Path:
     return runtime_dir(create) / f"w-{framework.replace('/', '_')[:24]}-{digest}.sock"
 
 
+def default_log(python: str, spec: str) -> Path:
+    """A warm worker's log when none is given: beside its socket and pid file, in its own runtime folder; it goes when
+    the warm worker does (its exit, a failed start, or the next look at one killed outright), nothing in the temp
+    folder outlives it."""
+    return socket_path(python, spec).with_suffix(".log")
+
+
 class WarmProcess:
     """A worker forked by a warm worker: pipes like a subprocess's; its exit status comes over the socket."""
 
@@ -119,6 +126,7 @@ def running_warm(python: str, spec: str) -> int | None:
     except ProcessLookupError:
         pid_file.unlink(missing_ok=True)
         path.unlink(missing_ok=True)
+        default_log(python, spec).unlink(missing_ok=True)
         return None
     return pid
 
@@ -148,6 +156,8 @@ def start_warm(python: str, spec: str, options: dict[str, Any], idle_s: float, e
     if "ready" not in message:
         process.wait()
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        if log_path == default_log(python, spec):  # shown below; a log given by the user stays
+            log_path.unlink(missing_ok=True)
         raise WarmStartError(f"warm worker for {spec!r} under {python} did not start "
                              f"({message.get('fatal', f'exit status {process.returncode}')}); its log ends:\n{tail}")
     return process, message

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 
 from bench import __version__
 from bench.invariants import Bounds, Violation
+from bench.records.atomic_write import write_text
 from faults import FaultEvent, Plan, PlanError, Rule, make_rule
 from faults.plan import rule_table, toml_value
 
@@ -388,7 +389,7 @@ def write_config(config: RunConfig, path: Path, *, result: RunResult | None = No
         lines += ["", "[[events]]", f"rule = {toml_value(event.rule)}", f"fault = {toml_value(event.fault)}",
                   f"trajectory = {toml_value(event.trajectory)}", f"turn = {event.turn}",
                   f"attempt = {event.attempt}"]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import io
 import math
-import os
 import threading
 import time
 from array import array
@@ -24,7 +23,7 @@ from typing import Any, Callable
 from bench.invariants import Bounds, HangReport, RunView, Violation, check_all, provenance
 from bench.invariants.fault_reach import with_reach
 from bench.isolation import IsolatedTarget, TargetCrashed, TargetStartError
-from bench.isolation.escapees import RUN_MARKER, kill_marked, new_marker
+from bench.isolation import inline_markers
 from bench.isolation.exits import error_info, exits_as_errors, print_awaited
 from bench.progress import progress_bar
 from bench.records import attribution
@@ -241,11 +240,9 @@ async def _run_tuned(target: TargetAdapter, config: RunConfig, known: tuple[Path
         # its imports overlap the trace loading below; the trace's path lets it skip what the trace won't need
         await target.start({"trace": str(resolve_trace(config.trace).resolve()), **config.target_options})
     side_work = _SideWork(while_starting) if while_starting else None
-    # an inline target's child processes carry a marker too, so what it started is killed at the end
-    inline_marker, outer_marker = (None, None) if isinstance(target, IsolatedTarget) else \
-        (new_marker(), os.environ.get(RUN_MARKER))
-    if inline_marker:
-        os.environ[RUN_MARKER] = inline_marker
+    # an inline target's child processes carry a marker too, so what it started is killed at the end (one variable for
+    # the whole process: overlapping inline runs share it, `inline_markers`)
+    inline_run = None if isinstance(target, IsolatedTarget) else inline_markers.enter()
     try:
         result = await _run_with(target, config, started, clock, side_work.cpu_s if side_work else lambda: 0.0, cpu,
                                  show_progress, interrupt)
@@ -259,16 +256,8 @@ async def _run_tuned(target: TargetAdapter, config: RunConfig, known: tuple[Path
             await side_work.wait()
         if isinstance(target, IsolatedTarget):
             await target.close()
-        if inline_marker:
-            _restore(RUN_MARKER, outer_marker)
-            await asyncio.to_thread(kill_marked, RUN_MARKER, inline_marker)
-
-
-def _restore(variable: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(variable, None)
-    else:
-        os.environ[variable] = value
+        if inline_run is not None:
+            await asyncio.to_thread(inline_markers.leave, inline_run)
 
 
 class _SideWork:
@@ -309,11 +298,16 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
 
     from .watchdog import DEADLINE, HANG, ServedTurns, Stall, watch
 
-    async with BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
-                           groups_of=config.trajectories, upstream=config.upstream, tokenizer_dir=config.tokenizer_dir,
-                           **config.server_options) as server:
+    with collector.loading():  # the trace is in memory for the whole run: no collection walks it again
+        bench_server = BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
+                                   groups_of=config.trajectories, upstream=config.upstream,
+                                   tokenizer_dir=config.tokenizer_dir, **config.server_options)
+    # a run asks each turn about once: saved replies serve its retries, kept for a few hundred requests, not all of
+    # them alive until a young collection walks them (`RUN_REPLY_CACHE_BYTES`)
+    bench_server.context.replies.limit_bytes = min(bench_server.context.replies.limit_bytes, RUN_REPLY_CACHE_BYTES)
+    async with bench_server as server:
         store = server.context.store
-        collector.freeze_loaded()  # the trace is in memory for the whole run: no full collection walks it again
+        collector.freeze_loaded()  # and what starting the server made
         chosen = store.trajectories if config.trajectories is None else [
             store.by_id[t] for t in config.trajectories]
         chosen = steps.select(chosen, config.n, config.steps, str(store.path))
@@ -435,6 +429,9 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          tokens_source=view.tokens_source, framework=framework,
                          worker_log=isolated.log_text() if isolated else None, interrupted=interrupted,
                          violations_not_judged=len(violations) - len(judged), steps=step_table)
+
+
+RUN_REPLY_CACHE_BYTES = 2**20  # a run's saved replies (`native_fast.ReplyCache`): its retries come soon after
 
 
 def declared_bounds(bounds: Bounds, framework: dict[str, str] | None) -> Bounds:

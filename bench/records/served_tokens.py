@@ -22,14 +22,22 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic_write import atomic_path
 from .request_log import RequestRecord
 
 ROOT, PREFIX, EARLIER = "root", "prefix", "earlier"
 _INT32 = 4
 
 
-def _digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
+def context_hash(data: "bytes | memoryview" = b"") -> "hashlib._Hash":
+    """The hash that names a context (prompt + served output, packed int32) for `_parent_of`'s prefix matches. Every
+    identified request hashes its whole prompt (1,640 tokens on average in agentic-500) once or twice: SHA-256 runs
+    on the CPU's SHA extensions where it has them, three times blake2b's speed here, and is as collision-free."""
+    return hashlib.sha256(data)
+
+
+def _digest(data: "bytes | memoryview") -> bytes:
+    return hashlib.sha256(data).digest()
 
 
 def token_digest(ids: "array[int] | list[int]") -> str:
@@ -54,6 +62,7 @@ class ServedEntry:
     played: bool = False  # its tokens are final (a request still in flight, or refused, may not be continued)
     context_digest: bytes = b""  # of prompt + served output, packed int32
     prompt_hash: "hashlib._Hash | None" = None  # the prompt's digest so far, until `finish` adds the output
+    family: str | None = None  # its chain starts at a request told apart only by arrival order: that one's group
 
     @property
     def trajectory(self) -> str | None:
@@ -64,11 +73,24 @@ class ServedEntry:
         return self.prompt_len + self.count
 
 
+class EvictedEntry(LookupError):
+    """The tokens asked for were served to a request that a bounded store (`ServedTokens.retain`) has let go."""
+
+
 class ServedTokens:
-    """Append-only store of served tokens, per identified request."""
+    """Append-only store of served tokens, per identified request.
+
+    Unbounded unless told (`retain`): a run's invariants read every entry. A long-lived server keeps the latest
+    `window` entries: older ones (played, or two windows old) are let go with their tokens, in arrival order. What
+    that changes is documented (README, Limits): a request continuing one let go is logged as continuing nothing
+    (`continues` empty); asking for a let-go entry's tokens raises `EvictedEntry`; `evicted` counts them."""
 
     def __init__(self) -> None:
-        self.entries: list[ServedEntry] = []
+        self.entries: list[ServedEntry] = []  # in memory: entries `_base` onwards
+        self._base = 0  # index of entries[0]
+        self._id_base = 0  # position of ids[0] among every token ever served (entry offsets count from the first)
+        self.window: int | None = None
+        self.evicted = 0
         self.ids = array("i")
         self.logprobs = array("d")  # NaN where the answer showed no usable logprob
         self._by_trajectory: dict[str, list[int]] = {}
@@ -83,17 +105,62 @@ class ServedTokens:
         self._by_family: dict[str, list[int]] = {}
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return self._base + len(self.entries)
+
+    def retain(self, window: int) -> None:
+        """Keep about the latest `window` entries (and their tokens) in memory; older ones are let go."""
+        if window < 1:
+            raise ValueError(f"the served-token window must be at least 1, got {window}")
+        self.window = window
+
+    def _at(self, index: int) -> ServedEntry | None:
+        """Entry `index`, or None once let go."""
+        at = index - self._base
+        return self.entries[at] if at >= 0 else None
+
+    def _evict(self, most: int) -> None:
+        """Let go up to `most` of the oldest entries: those whose request is over (played, or answered without being
+        played: a refusal, an injected error); one still in flight stops the chunk unless half a window more came
+        since. Their index rows go too, and the tokens no entry kept still points into."""
+        assert self.window is not None
+        stale = len(self.entries) - self.window - self.window // 2
+        count = 0
+        while count < most and (self.entries[count].played or self.entries[count].record.latency_s is not None
+                                 or count < stale):
+            count += 1
+        if count == 0:
+            return
+        for entry in self.entries[:count]:
+            trajectory = entry.record.trajectory
+            if trajectory is not None:
+                _drop_first(self._by_trajectory, trajectory, entry.index)
+                by_length = self._by_prompt_len.get(trajectory)
+                if by_length is not None:
+                    _drop_first(by_length, entry.prompt_len, entry.index)
+                    if not by_length:
+                        del self._by_prompt_len[trajectory]
+            if entry.family is not None:
+                _drop_first(self._by_family, entry.family, entry.index)
+            self._by_record.pop(id(entry.record), None)
+            self.entry_streams.pop(entry.index, None)
+        del self.entries[:count]
+        self._base += count
+        self.evicted += count
+        cut = min((e.offset for e in self.entries if e.played and e.count), default=self._id_base + len(self.ids))
+        if cut > self._id_base:  # answers are stored as they finish, not as they arrive: cut below the oldest kept
+            del self.ids[: cut - self._id_base]
+            del self.logprobs[: cut - self._id_base]
+            self._id_base = cut
 
     def begin(self, record: RequestRecord, prompt: bytes, prompt_digest: bytes | None = None) -> ServedEntry:
         """Register an identified request (prompt as packed int32) and find the request it continues;
         `prompt_digest`: the prompt's digest, when known (its answer then knows the whole context's: `PackedAnswer`)."""
         if prompt_digest is None:
-            hashed = hashlib.blake2b(prompt, digest_size=16)  # kept: `finish` adds the output, not the prompt again
-            entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=hashed.digest(),
+            hashed = context_hash(prompt)  # kept: `finish` adds the output, not the prompt again
+            entry = ServedEntry(len(self), record, len(prompt) // _INT32, context_digest=hashed.digest(),
                                 prompt_hash=hashed)
         else:
-            entry = ServedEntry(len(self.entries), record, len(prompt) // _INT32, context_digest=prompt_digest)
+            entry = ServedEntry(len(self), record, len(prompt) // _INT32, context_digest=prompt_digest)
         entry.root = entry.index
         if record.trajectory is not None:
             siblings = self._by_trajectory.setdefault(record.trajectory, [])
@@ -102,15 +169,20 @@ class ServedTokens:
             if shorter:  # else it continues nothing (a trajectory's first turn, and every retry of it)
                 entry.parent, entry.link = self._parent_of(shorter, prompt)
             if entry.parent is not None:
-                entry.root = self.entries[entry.parent].root
+                parent = self._at(entry.parent)
+                assert parent is not None  # found among the kept entries
+                entry.root, entry.family = parent.root, parent.family
             siblings.append(entry.index)
             by_length.setdefault(entry.prompt_len, []).append(entry.index)
+        if entry.parent is None and record.by_order and record.group is not None:
+            entry.family = record.group
         self.entries.append(entry)
-        root = self.entries[entry.root] if entry.root != entry.index else entry
-        if root.record.by_order and root.record.group is not None:
-            self._by_family.setdefault(root.record.group, []).append(entry.index)
+        if entry.family is not None:
+            self._by_family.setdefault(entry.family, []).append(entry.index)
         self._by_record[id(record)] = entry.index
         record.served_tokens = 0
+        if self.window is not None and len(self.entries) >= self.window + max(1, self.window // 4):
+            self._evict(len(self.entries) - self.window)
         return entry
 
     def finish(self, record: RequestRecord, prompt: list[int], ids: list[int], logprobs: list[float | None] | None,
@@ -127,8 +199,8 @@ class ServedTokens:
         index = self._by_record.get(id(record))
         if index is None:
             return  # not identified through `begin` (a bench-internal request)
-        entry = self.entries[index]
-        entry.offset, entry.count, entry.played = len(self.ids), len(answer.ids), True
+        entry = self.entries[index - self._base]
+        entry.offset, entry.count, entry.played = self._id_base + len(self.ids), len(answer.ids), True
         self.ids.extend(answer.ids)
         entry.logprobs_shown = answer.shown
         self.logprobs.extend(answer.logprobs)
@@ -138,38 +210,52 @@ class ServedTokens:
         elif answer.context is not None and len(prompt) == entry.prompt_len:
             entry.context_digest = answer.context  # the answer to this very prompt, digested once
         else:
-            entry.context_digest = _digest(array("i", prompt).tobytes() + answer.packed)
+            hashed = context_hash(array("i", prompt).tobytes())
+            hashed.update(answer.packed)
+            entry.context_digest = hashed.digest()
         if entries is not None:  # rare (a fault): kept beside the arrays, not in them
             self.entry_streams[index] = (list(entries[0]), [_as_float(v) for v in entries[1]])
         record.served_tokens, record.served_digest = len(answer.ids), answer.digest
         record.weight_version = weight_version
         record.logprobs_served = entry.logprobs_shown
-        if entry.parent is not None:
-            record.continues = self.entries[entry.parent].record.seq
+        parent = None if entry.parent is None else self._at(entry.parent)
+        if parent is not None:
+            record.continues = parent.record.seq
+
+    def _kept_offset(self, entry: ServedEntry) -> int:
+        if entry.index < self._base:
+            raise EvictedEntry(f"the tokens served to request seq {entry.record.seq} were let go: the server keeps "
+                               f"the latest {self.window} requests' tokens ({self.evicted} let go so far)")
+        return entry.offset - self._id_base
 
     def tokens(self, entry: ServedEntry) -> "array[int]":
-        return self.ids[entry.offset: entry.offset + entry.count]
+        offset = self._kept_offset(entry)
+        return self.ids[offset: offset + entry.count]
 
     def logprobs_of(self, entry: ServedEntry) -> "array[float]":
-        return self.logprobs[entry.offset: entry.offset + entry.count]
+        offset = self._kept_offset(entry)
+        return self.logprobs[offset: offset + entry.count]
 
     def of_trajectory(self, trajectory: str) -> list[ServedEntry]:
-        """Its requests in arrival order."""
-        return [self.entries[i] for i in self._by_trajectory.get(trajectory, [])]
+        """Its requests in arrival order (the kept ones)."""
+        return [self.entries[i - self._base] for i in self._by_trajectory.get(trajectory, [])]
 
     def of_family(self, group: str) -> list[ServedEntry]:
         """The group's entries whose chain starts at an identical request claimed by arrival order."""
-        return [self.entries[i] for i in self._by_family.get(group, [])]
+        return [self.entries[i - self._base] for i in self._by_family.get(group, [])]
 
     def entry_of(self, record: RequestRecord) -> ServedEntry | None:
         index = self._by_record.get(id(record))
-        return None if index is None else self.entries[index]
+        return None if index is None else self.entries[index - self._base]
 
     def chain(self, last: ServedEntry) -> list[ServedEntry]:
-        """The requests `last` continued, first to last: one attempt's path through the turns."""
+        """The requests `last` continued, first to last: one attempt's path through the turns (from the oldest kept)."""
         path = [last]
         while path[-1].parent is not None:
-            path.append(self.entries[path[-1].parent])
+            parent = self._at(path[-1].parent)  # type: ignore[arg-type]
+            if parent is None:
+                break
+            path.append(parent)
         return path[::-1]
 
     def nbytes(self) -> int:
@@ -182,9 +268,9 @@ class ServedTokens:
 
         path = Path(path)
         seq = np.array([e.record.seq for e in self.entries], dtype=np.int64)
-        offsets = np.array([e.offset for e in self.entries], dtype=np.int64)
+        offsets = np.array([e.offset - self._id_base for e in self.entries], dtype=np.int64)
         counts = np.array([e.count for e in self.entries], dtype=np.int64)
-        with path.open("wb") as handle:
+        with atomic_path(path) as temporary, temporary.open("wb") as handle:
             np.savez_compressed(handle, seq=seq, offset=offsets, count=counts,
                                 ids=np.frombuffer(self.ids, dtype=np.int32) if self.ids else np.zeros(0, np.int32),
                                 logprobs=np.frombuffer(self.logprobs, dtype=np.float64) if self.logprobs
@@ -206,15 +292,16 @@ class ServedTokens:
         A context as long as the prompt continues it only if it served tokens (a partial rollout resumed after an
         abort); one that served none is an earlier attempt at the same turn and is passed over."""
         size = len(prompt) // _INT32
-        candidates = [i for i in reversed(siblings) if self._continuable(self.entries[i], size)]
-        shorter = [i for i in siblings if self.entries[i].played and self.entries[i].prompt_len < size]
+        entries, base = self.entries, self._base
+        candidates = [i for i in reversed(siblings) if self._continuable(entries[i - base], size)]
+        shorter = [i for i in siblings if entries[i - base].played and entries[i - base].prompt_len < size]
         latest = shorter[-1] if shorter else None  # the loop's previous step, when it is one
         hashed: dict[int, bytes] = {}
         for i in candidates:
-            entry = self.entries[i]
+            entry = entries[i - base]
             length = entry.context_len
             if length not in hashed:
-                hashed[length] = _digest(prompt[: length * _INT32])
+                hashed[length] = _digest(memoryview(prompt)[: length * _INT32])  # no copy of the prefix
             if hashed[length] == entry.context_digest:
                 if latest is not None and latest > i and i in self._ancestors(latest):
                     return latest, EARLIER  # the client went on from a later step whose output it altered
@@ -224,16 +311,30 @@ class ServedTokens:
         return None, ROOT
 
     def _ancestors(self, index: int) -> set[int]:
-        found, parent = set(), self.entries[index].parent
-        while parent is not None:
-            found.add(parent)
-            parent = self.entries[parent].parent
+        found: set[int] = set()
+        entry = self._at(index)
+        while entry is not None and entry.parent is not None:
+            found.add(entry.parent)
+            entry = self._at(entry.parent)
         return found
 
 
     @staticmethod
     def _continuable(entry: ServedEntry, size: int) -> bool:
         return entry.played and (entry.context_len < size or entry.context_len == size and entry.count > 0)
+
+
+def _drop_first(index: dict, key: object, value: int) -> None:
+    """Remove `value` from the list `index[key]` (its first, as entries go oldest first); drop an emptied key."""
+    values = index.get(key)
+    if values is None:
+        return
+    if values and values[0] == value:
+        del values[0]
+    elif value in values:
+        values.remove(value)
+    if not values:
+        del index[key]
 
 
 _NUMBERS = frozenset({float, int})
@@ -252,8 +353,10 @@ class PackedAnswer:
     context: bytes | None = None  # the context digest of prompt + these tokens, for the one prompt it answers
 
     @classmethod
-    def of(cls, ids: list[int], logprobs: list[float | None] | None, prompt: bytes | None = None) -> "PackedAnswer":
-        """`prompt` (packed int32): the one prompt this answer is served to, whose context digest it then holds."""
+    def of(cls, ids: list[int], logprobs: list[float | None] | None, prompt: "bytes | hashlib._Hash | None" = None
+           ) -> "PackedAnswer":
+        """`prompt` (packed int32, or its `context_hash` so far): the one prompt this answer is served to, whose
+        context digest it then holds."""
         packed_ids = array("i", ids)
         shown = logprobs or []
         head = shown if len(shown) == len(ids) else shown[: len(ids)]
@@ -262,8 +365,13 @@ class PackedAnswer:
         else:  # None (no usable logprob) or too few shown: NaN there
             values = array("d", (_as_float(shown[i]) if i < len(shown) else math.nan for i in range(len(ids))))
         raw = packed_ids.tobytes()
+        context = None
+        if prompt is not None:
+            hashed = context_hash(prompt) if isinstance(prompt, bytes) else prompt.copy()
+            hashed.update(raw)
+            context = hashed.digest()
         return cls(packed_ids, values, logprobs is not None, raw, hashlib.blake2b(raw, digest_size=8).hexdigest(),
-                   None if prompt is None else _digest(prompt + raw))
+                   context)
 
 
 def _as_float(value: float | None) -> float:

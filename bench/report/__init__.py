@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from bench.orchestration.runner import RunResult
+from bench.records.atomic_write import atomic_path, write_text
 from bench.steps.report import write_step_report
 
 from .junit import write_junit
@@ -31,7 +32,7 @@ def write_report(result: RunResult, folder: str | Path, junit: str | Path | None
     if result.served is not None:
         result.served.write(folder / SERVED_FILE)
     summary = summarize(result, tables)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    write_text(folder / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     write_plots(tables, folder, summary)
     write_step_report(summary, folder)  # a multi-step run's steps.csv and steps.png
     write_junit(result, Path(junit) if junit else folder / "junit.xml", summary.get("provenance"))
@@ -44,17 +45,18 @@ def add_to_summary(folder: str | Path, key: str, value: Any) -> None:
     path = Path(folder) / "summary.json"
     summary = json.loads(path.read_text(encoding="utf-8"))
     summary[key] = value
-    path.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(summary, indent=2, default=str) + "\n")
 
 
 def _keep_worker_log(result: RunResult, folder: Path) -> None:
     """The target's own output (framework logs, tracebacks) belongs with the run's evidence."""
     if result.worker_log is not None:
-        (folder / "worker.log").write_text(result.worker_log, encoding="utf-8")
+        write_text(folder / "worker.log", result.worker_log)
         return
     log = Path(result.worker["log"]) if result.worker and result.worker.get("log") else None
     if log is not None and log.exists() and log.resolve() != (folder / "worker.log").resolve():
-        shutil.copyfile(log, folder / "worker.log")
+        with atomic_path(folder / "worker.log") as temporary:
+            shutil.copyfile(log, temporary)
 
 
 def load(folder: str | Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from bench.invariants import INVARIANTS, Violation
 from bench.orchestration.runner import RunResult
+from bench.records.atomic_write import atomic_path
 
 
 def _tracebacks(violations: list[Violation]) -> str:
@@ -65,5 +66,6 @@ def write_junit(result: RunResult, path: Path, provenance: dict[str, Any] | None
                               f"was judged ({result.violations_not_judged} findings not judged)")
     tree = ET.ElementTree(suite)
     ET.indent(tree)
-    tree.write(path, encoding="utf-8", xml_declaration=True)
+    with atomic_path(path) as temporary:
+        tree.write(temporary, encoding="utf-8", xml_declaration=True)
     return path

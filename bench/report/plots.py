@@ -17,6 +17,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from bench.records.atomic_write import atomic_path  # noqa: E402
+
 BINS = 60  # throughput bins over the run, whatever its length
 
 
@@ -99,8 +101,11 @@ def throughput(requests: pd.DataFrame) -> Figure:
 
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as temporary:
+            fig.savefig(temporary, dpi=100, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 

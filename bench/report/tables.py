@@ -9,6 +9,7 @@ import pandas as pd
 
 from bench.invariants.fault_reach import NOT_REACHED
 from bench.orchestration.runner import RunResult
+from bench.records.atomic_write import atomic_path
 from bench.records.request_log import COLUMNS as REQUEST_COLUMNS
 from faults.log import COLUMNS as FAULT_COLUMNS
 
@@ -54,12 +55,12 @@ def write_tables(tables: dict[str, pd.DataFrame], folder: Path) -> list[Path]:
     """CSV by default; Parquet when pyarrow is installed."""
     written = []
     for name, frame in tables.items():
-        if parquet_available():
-            path = folder / f"{name}.parquet"
-            frame.to_parquet(path, index=False)
-        else:
-            path = folder / f"{name}.csv"
-            frame.to_csv(path, index=False)
+        path = folder / (f"{name}.parquet" if parquet_available() else f"{name}.csv")
+        with atomic_path(path) as temporary:  # a full disk leaves no cut-off table, and names the file
+            if path.suffix == ".parquet":
+                frame.to_parquet(temporary, index=False)
+            else:
+                frame.to_csv(temporary, index=False)
         written.append(path)
     return written
 

@@ -17,11 +17,13 @@ from bench.trace import TokenizerInfo
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan, resolve_plan
 
-from . import gc_tuning, native
+from bench.orchestration import collector
+
+from . import native
 from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
-from .control import CONTROL_TOKEN_KEY, control_token_for, require_control_token
+from .control import CONTROL_TOKEN_KEY, control_token_for
 from .http_guard import LIMITS_KEY, PARSER_REFUSALS, GuardedSite, parser_refusal_logger, read_and_log
 from .limits import Limits
 from .profiles import DEFAULT_PROFILE, get_profile
@@ -31,13 +33,15 @@ from .served import add_served_headers
 
 def create_app(ctx: ServerContext, control_token: str | None = None, limits: Limits = Limits()) -> web.Application:
     """The server's routes; with a `control_token`, `/bench/*` refuses requests without it (logged all the same)."""
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[read_and_log, require_control_token])
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[read_and_log])
     app[CONTEXT_KEY] = ctx
     app[LIMITS_KEY] = limits
     if control_token is not None:
         app[CONTROL_TOKEN_KEY] = control_token
     app.on_response_prepare.append(add_served_headers)
-    gc_tuning.tune_while_serving(app)
+    app[_COLLECTOR_KEY] = []  # the hold taken at startup (the app's state is frozen by then: a list to fill)
+    app.on_startup.append(_hold_collector)
+    app.on_cleanup.append(_release_collector)
     app.router.add_route("POST", "/generate", native.generate)
     app.router.add_route("PUT", "/generate", native.generate)
     if ctx.upstream is None:
@@ -50,6 +54,19 @@ def create_app(ctx: ServerContext, control_token: str | None = None, limits: Lim
     if ctx.upstream is not None:  # everything else is the engine's (admin routes, a router's own), unchanged
         app.router.add_route("*", "/{path:.*}", _forward)
     return app
+
+
+_COLLECTOR_KEY = web.AppKey("collector_hold", list)
+
+
+async def _hold_collector(app: web.Application) -> None:
+    """While it serves: the loaded trace frozen, young collections rare (`collector.SERVING_THRESHOLD`)."""
+    app[_COLLECTOR_KEY].append(collector.hold(collector.SERVING_THRESHOLD, freeze=True))
+
+
+async def _release_collector(app: web.Application) -> None:
+    while app[_COLLECTOR_KEY]:
+        collector.release(app[_COLLECTOR_KEY].pop())
 
 
 async def _forward(request: web.Request) -> web.StreamResponse:
@@ -112,11 +129,13 @@ class BenchServer:
 
     def __init__(self, trace: str | Path = DEFAULT_TRACE, *, host: str = "127.0.0.1", port: int = 0,
                  context: ServerContext | None = None, control_token: str | None = None, limits: Limits | None = None,
-                 **options: Any) -> None:
+                 spill_dir: Path | None = None, **options: Any) -> None:
         self.control_token = control_token_for(host, control_token)
         self.limits = limits or Limits()
         self.context = context or load_context(trace, **options)
         self.context.limits = self.limits
+        if self.limits.keep_requests is not None:  # a long-lived server: log rows beyond it spill to `spill_dir`
+            self.context.retain(self.limits.keep_requests, spill_dir)
         self.host, self.port = host, port
         self._runner: web.AppRunner | None = None
         self.site: GuardedSite | None = None

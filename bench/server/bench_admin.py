@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bench.records.request_log import Evicted
 from bench.steps import STEP_ROUTE
 from bench.steps.board import step_route
 from faults import FaultError, Plan, PlanError, plan_from_specs
@@ -25,8 +26,44 @@ def _describe(plan: Plan) -> dict[str, Any]:
             "rules": [rule.describe() for rule in plan.rules]}
 
 
-async def requests_log(request: web.Request) -> web.Response:
-    return wire.json_response(context_of(request).log.as_dicts())
+_ROWS_PER_WRITE = 2_000
+
+
+async def requests_log(request: web.Request) -> web.StreamResponse:
+    """The request log as a JSON array, every row from `?since=SEQ` (default: the oldest kept) to the latest; rows a
+    long-lived server spilled to disk are read back and sent in pieces, so the answer never sits whole in memory. Rows
+    dropped (a bounded log without --log-dir) are a 410 naming the first row still kept; the `X-Bench-Log-First-Seq`
+    and `X-Bench-Log-Dropped` headers say what the answer starts at and how many rows are gone."""
+    log = context_of(request).log
+    try:
+        since = int(request.query.get("since", log.first_kept))
+        if since < 0:
+            raise ValueError
+    except ValueError:
+        return wire.json_response({"error": f"since must be a row number (seq) of at least 0, got "
+                                            f"{request.query.get('since')!r}"}, 400)
+    try:
+        rows = log.rows(since)
+    except Evicted as error:
+        return wire.json_response({"error": str(error), "first_kept": error.first_kept}, 410)
+    headers = {"X-Bench-Log-First-Seq": str(since), "X-Bench-Log-Dropped": str(log.dropped)}
+    if not log.chunks and len(log) - since <= _ROWS_PER_WRITE:
+        return wire.json_response(list(rows), headers=headers)
+    response = web.StreamResponse(headers={**headers, "Content-Type": wire.JSON})
+    await response.prepare(request)
+    opened = False
+    batch: list[bytes] = []
+    try:
+        for row in rows:
+            batch.append(wire.dumps(row))
+            if len(batch) >= _ROWS_PER_WRITE:
+                await response.write((b"," if opened else b"[") + b",".join(batch))
+                opened, batch = True, []
+    except Evicted:  # rows dropped while being sent: the array ends where they went
+        pass
+    await response.write((b"," if opened and batch else b"" if opened else b"[") + b",".join(batch) + b"]")
+    await response.write_eof()
+    return response
 
 
 async def fault_log(request: web.Request) -> web.Response:

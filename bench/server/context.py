@@ -69,6 +69,16 @@ class ServerContext:
         self.steps: Any = None  # a multi-step run's `bench.steps.board.StepBoard` (`POST /bench/step`)
         self.url = ""
 
+    def retain(self, window: int, spill_dir: Path | None) -> None:
+        """A long-lived server: keep the latest `window` requests' log rows and served tokens in memory; older log
+        rows and fault events spill to `spill_dir` (None: dropped, counted), older served tokens are let go
+        (`ServedTokens.retain`)."""
+        from bench.records.fault_log_spill import SpilledFaultLog
+
+        self.log.retain(window, spill_dir)
+        self.served.retain(window)
+        self.faults.log = SpilledFaultLog(window, spill_dir, self.faults.log.events)
+
     def target(self, identity: Identity, endpoint: str) -> Target:
         """What fault schedules decide about: this attempt at this turn of this trajectory."""
         trajectory = self._recorded_trajectory(identity)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
-from typing import Any
-
 from aiohttp import web
 
 from . import wire
@@ -48,13 +46,15 @@ def presented_token(request: web.Request) -> str:
     return value.strip() if kind.lower() == "bearer" else ""
 
 
-@web.middleware
-async def require_control_token(request: web.Request, handler: Any) -> web.StreamResponse:
+def control_refusal(request: web.Request) -> web.Response | None:
+    """The 401 for a `/bench/*` request without the control token, or None to go on. Asked from the head alone,
+    before the body is read (`http_guard.read_and_log`): a caller without the token cannot make the server read, hold
+    or wait for a body of any size."""
     token = request.app.get(CONTROL_TOKEN_KEY)
     if token is None or not request.path.startswith("/bench/"):
-        return await handler(request)
+        return None
     if hmac.compare_digest(presented_token(request).encode(), token.encode()):
-        return await handler(request)
+        return None
     return wire.json_response({"error": {
         "message": f"{request.path} needs the control token printed when the server started "
                    f"(header {CONTROL_HEADER}: <token>, or Authorization: Bearer <token>)",

@@ -1,5 +1,6 @@
 """Between the socket and the routes: every request is read within its limits and logged, whatever becomes of it.
 
+- `/bench/*` without the control token is refused first, from the head alone (its body is never read).
 - The body is read here, first, within `Limits.body_timeout_s` and `Limits.max_body_mb`: a body too slow (408), too
   big (413) or unreadable (a broken chunked stream: 400) is answered in FastAPI's JSON shape with a request-log row,
   and routes read the cached bytes. Bodies are taken as sent, never decompressed, as the engines' uvicorn does.
@@ -25,6 +26,7 @@ from bench.records.request_log import RequestRecord
 
 from . import wire
 from .context import CONTEXT_KEY, ServerContext
+from .control import control_refusal
 from .limits import ConnectionGuard, Limits
 from .router import GENERATION_ROUTES, no_workers
 
@@ -55,6 +57,12 @@ def parser_refusal_logger(ctx: ServerContext) -> type[AbstractAccessLogger]:
 async def read_and_log(request: web.Request, handler: Any) -> web.StreamResponse:
     request[ROUTED_KEY] = True
     arrived = time.time()
+    refused = control_refusal(request)
+    if refused is not None:  # from the head alone: the body of a request without the control token is never read
+        request.app[CONTEXT_KEY].log.append(RequestRecord(
+            started=arrived, endpoint=request.path, status=refused.status, latency_s=round(time.time() - arrived, 6),
+            error="no control token (or a wrong one) for /bench/*"))
+        return refused
     if request.body_exists:
         refusal = await _read_body(request)
         if refusal is not None:
@@ -102,8 +110,11 @@ async def _read_body(request: web.Request) -> tuple[int, str, web.Response] | No
     """Read (and cache) the body within the limits; (status, log error, answer) when that fails."""
     limits = request.app[LIMITS_KEY]
     try:
-        async with asyncio.timeout(limits.body_timeout_s):
+        if request.content.is_eof():  # all of it arrived with the head (the usual case): no wait, so no timer to arm
             await request.read()
+        else:
+            async with asyncio.timeout(limits.body_timeout_s):
+                await request.read()
     except TimeoutError:
         message = f"the request body did not arrive within {limits.body_timeout_s:g} s"
         return 408, message, wire.json_response({"detail": message}, 408)

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
+SERVE_KEEP_REQUESTS = 20_000  # `serve` and `proxy`: requests kept in memory (`--keep-requests`), ~3 KB each
+
+
 @dataclass(frozen=True)
 class Limits:
     max_body_mb: float = 256.0  # a 4,096-prompt batch of 8k-token prompts is about 200 MB of JSON
@@ -18,14 +21,19 @@ class Limits:
     body_timeout_s: float = 60.0  # a body must arrive within this once its head has
     max_connections: int = 4096  # open connections at once; more are closed as they arrive
     max_n: int = 128  # samples one request may ask for (`n`); n = 100000 held the server 37 s and took 1 GB
+    # requests whose log rows and served tokens stay in memory (None: all, as a run's harness reads them whole);
+    # `serve` and `proxy` keep 20,000 (~3 KB each), older rows spill to --log-dir (`RequestLog.retain`)
+    keep_requests: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_body_mb", "head_timeout_s", "body_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a finite number above 0, got {value!r}")
-        for name in ("max_connections", "max_n"):
+        for name in ("max_connections", "max_n", "keep_requests"):
             value = getattr(self, name)
+            if value is None and name == "keep_requests":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from hashlib import blake2b
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
-from bench.records.served_tokens import PackedAnswer
-from bench.replay import GenerateParams, Generation, Identity
+from bench.records.served_tokens import PackedAnswer, context_hash
+from bench.replay import GenerateParams, Generation, Identity, pack
 from bench.tokenizer import ByteBPETokenizer
 
 from . import transport
@@ -56,7 +55,20 @@ class _Plain(msgspec.Struct, forbid_unknown_fields=True):
     return_prompt_token_ids: Union[bool, None] = None
 
 
-_decode_plain = msgspec.json.Decoder(_Plain).decode
+_plain_decoders: dict[int, Any] = {}  # vocabulary size -> a decoder of `_Plain` whose ids must lie in [0, size)
+
+
+def _decoder_for(vocab_size: int) -> Any:
+    """`_Plain`'s decoder with the ids' range checked while decoding (in C, instead of a `max` and a `min` after)."""
+    decode = _plain_decoders.get(vocab_size)
+    if decode is None:
+        in_vocabulary = Annotated[int, msgspec.Meta(ge=0, lt=vocab_size)]
+        checked = msgspec.defstruct("_PlainInVocabulary", [("input_ids", list[in_vocabulary])], bases=(_Plain,),
+                                    forbid_unknown_fields=True)
+        decode = _plain_decoders[vocab_size] = msgspec.json.Decoder(checked).decode
+    return decode
+
+
 _KEY_LIMIT = 4096  # bytes of sampling parameters a saved reply may be keyed on
 
 # where the per-request values go in a saved reply; a body holding one of these strings itself is not saved
@@ -76,26 +88,37 @@ class FastRequest:
     params: GenerateParams
     shape: tuple[Any, ...]  # what the reply's form depends on besides the generation: the logprob options
     key: bytes  # the sampling parameters as sent (encoded): with the turn and `shape`, names the reply
+    packed: bytes  # `ids` as packed int32 (`bench.replay.pack`)
     parsed: NativeRequest | None = None  # built only when the slow path or a new reply needs it
 
 
 class SamplingCache:
-    """Sampling parameters already checked, by their bytes as sent: a run sends a handful of distinct ones."""
+    """Sampling parameters already checked, by their bytes as sent: a run sends a handful of distinct ones. Keyed
+    by the bytes alone (the checks do not depend on the prompt): each prompt of a multi-turn run has its own length,
+    so keying on it too made every request check its parameters again."""
 
     LIMIT = 1024
 
     def __init__(self) -> None:
-        self._params: dict[tuple[bytes, int], tuple[dict[str, Any], GenerateParams] | None] = {}
+        self._params: dict[bytes, tuple[dict[str, Any], GenerateParams] | None] = {}
 
     def params(self, key: bytes, input_len: int, profile: SglangProfile
                ) -> tuple[dict[str, Any], GenerateParams] | None:
         """The parameters (decoded) and the request's GenerateParams, or None when they are not an object, SGLang
         would refuse them, or they ask for several samples (the slow path answers)."""
-        entry = (key, input_len)
         try:
-            return self._params[entry]
+            found = self._params[key]
         except KeyError:
-            pass
+            found = self._checked(key, profile)
+        if found is None:
+            return None
+        sampling, params = found
+        if params.input_len != input_len:  # what `sampling_params(sampling, input_len)` makes, without redoing it
+            params = GenerateParams(input_len, params.max_new_tokens, params.stop_token_ids, params.stop,
+                                    params.ignore_eos, params.no_stop_trim)
+        return sampling, params
+
+    def _checked(self, key: bytes, profile: SglangProfile) -> tuple[dict[str, Any], GenerateParams] | None:
         found: tuple[dict[str, Any], GenerateParams] | None = None
         sampling = msgspec.json.decode(key)
         if sampling is None:
@@ -103,12 +126,12 @@ class SamplingCache:
         if isinstance(sampling, dict) and (sampling.get("n") or 1) == 1:  # n > 1 is a batch
             try:
                 check_sampling(sampling, profile)
-                found = (sampling, sampling_params(sampling, input_len))
+                found = (sampling, sampling_params(sampling, 0))
             except (Rejected, ValueRejected):
                 pass
         if len(self._params) >= self.LIMIT:
             self._params.clear()
-        self._params[entry] = found
+        self._params[key] = found
         return found
 
 
@@ -116,13 +139,14 @@ def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: Sampling
            vocab_size: int) -> FastRequest | None:
     """The body as a fast-path request, or None: anything but one prompt of token ids, not streamed, with valid
     sampling parameters, takes the slow path (which rejects, batches, streams, tokenizes as SGLang does)."""
-    try:
-        body = _decode_plain(raw)
+    try:  # ids outside the vocabulary do not decode: the slow path refuses them
+        body = _decoder_for(vocab_size)(raw)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     ids = body.input_ids
-    if not ids or body.stream or max(ids) >= vocab_size or min(ids) < 0:  # the slow path refuses those ids
+    if not ids or body.stream:
         return None
+    packed = pack(ids)  # needed for identifying it anyway (the decoder checked the range)
     key = bytes(body.sampling_params)
     if len(key) > _KEY_LIMIT:  # the caches key on these bytes: a large one takes the slow path, unsaved
         return None
@@ -134,7 +158,7 @@ def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: Sampling
     shape = (bool(body.return_logprob), -1 if start is None else start, 0 if top is None else top,
              bool(body.return_text_in_logprobs), bool(body.return_prompt_token_ids))
     rid = body.rid
-    return FastRequest(ids, fresh_id() if rid is None else rid, hint or rid, sampling, params, shape, key)
+    return FastRequest(ids, fresh_id() if rid is None else rid, hint or rid, sampling, params, shape, key, packed)
 
 
 def native_request(fast: FastRequest) -> NativeRequest:
@@ -216,12 +240,13 @@ def make_reply(generation: Generation, profile: SglangProfile, tokenizer: ByteBP
         at = position + len(marker)
     pieces.append(encoded[at:])
     size = len(encoded) + 32 * len(generation.output_ids) + 256
+    hashed = context_hash(prompt)  # the prompt hashed once: its digest, and the context's with the answer
     served = PackedAnswer.of(generation.output_ids, list(generation.logprobs or []) if parsed.return_logprob else None,
-                             prompt)
+                             hashed)
     finish = (generation.finish_reason or {}).get("type")
     # what `play` waits: the time to first token, then the decode time (both scaled)
     instant = generation.ttft * time_scale <= 0 and max(0.0, generation.total - generation.ttft) * time_scale <= 0
-    return Reply(generation, served, finish, instant, blake2b(prompt, digest_size=16).digest(), tuple(pieces),
+    return Reply(generation, served, finish, instant, hashed.digest(), tuple(pieces),
                  tuple(slot for _, slot, _ in found), size)
 
 

@@ -95,11 +95,11 @@ def load_upstream_context(upstream: str, *, trace: str | Path | None = None, pla
 async def proxy(upstream: str, *, host: str, port: int, log_dir: str | None = None, **options: Any) -> int:
     """Serve the proxy on host:port until SIGINT or SIGTERM; print what it did."""
     from .app import BenchServer
-    from .serve import serve_until_signalled
+    from .serve import serve_until_signalled, spill_folder
 
     control_token, limits = options.pop("control_token", None), options.pop("limits", None)
     server = BenchServer(context=load_upstream_context(upstream, **options), host=host, port=port,
-                         control_token=control_token, limits=limits)
+                         control_token=control_token, limits=limits, spill_dir=spill_folder(log_dir))
 
     def banner(url: str) -> str:
         ctx = server.context

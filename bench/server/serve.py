@@ -11,10 +11,11 @@ from typing import Any, Callable
 from .app import BenchServer
 from .control import CONTROL_HEADER, is_loopback
 
+SPILL = "spill"  # under --log-dir: request-log chunks written while serving
 
 async def serve(trace: str, *, host: str, port: int, log_dir: str | None = None, **options: Any) -> int:
     """Serve `trace` on host:port; print the URL; shut down cleanly on a signal."""
-    server = BenchServer(trace, host=host, port=port, **options)
+    server = BenchServer(trace, host=host, port=port, spill_dir=spill_folder(log_dir), **options)
 
     def banner(url: str) -> str:
         config = server.context.config
@@ -22,6 +23,19 @@ async def serve(trace: str, *, host: str, port: int, log_dir: str | None = None,
                 f"(SGLang {config.profile.version}, time scale {config.time_scale})")
 
     return await serve_until_signalled(server, host, banner, log_dir)
+
+
+def spill_folder(log_dir: str | None) -> Path | None:
+    """Where a long-lived server's older request-log rows go while it runs (`RequestLog.retain`): `<log-dir>/spill`,
+    created now so an unwritable --log-dir fails at start, not at shutdown; emptied into requests.csv at the end."""
+    if not log_dir:
+        return None
+    folder = Path(log_dir) / SPILL
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--log-dir {log_dir}: cannot create {folder}: {error.strerror or error}") from None
+    return folder
 
 
 async def serve_until_signalled(server: BenchServer, host: str, banner: Callable[[str], str],
@@ -46,13 +60,32 @@ async def serve_until_signalled(server: BenchServer, host: str, banner: Callable
         await server.stop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+    log = server.log
+    written: list[str] = []
+    if log_dir:  # first: a parent that went away (its end of stdout closed) must not cost the logs
+        folder = Path(log_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            written = [f"request log: {log.write_csv(folder / 'requests.csv')}",
+                       f"fault log: {faults.log.write_csv(folder / 'faults.csv')}"]
+        except OSError as error:
+            spilled = [path for _, path in log.chunks] + list(getattr(faults.log, "chunks", []))
+            kept = f" (rows spilled while serving stay in {folder / SPILL})" if spilled else ""
+            print(f"error: {error}{kept}", file=sys.stderr, flush=True)
+            return 1
+        for chunk in [path for _, path in log.chunks] + list(getattr(faults.log, "chunks", [])):  # in the CSVs now
+            chunk.unlink(missing_ok=True)
+        try:
+            (folder / SPILL).rmdir()
+        except OSError:
+            pass
     print(f"stopped after {len(server.log)} requests, {len(faults.log)} fault events", flush=True)
     silent = faults.never_fired()
     if silent:
         print(f"rules that never fired: {', '.join(silent)}", flush=True)
-    if log_dir:
-        folder = Path(log_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        print(f"request log: {server.log.write_csv(folder / 'requests.csv')}", flush=True)
-        print(f"fault log: {faults.log.write_csv(folder / 'faults.csv')}", flush=True)
+    if log.dropped:
+        print(f"request log: the first {log.dropped} rows were dropped, {len(log) - log.dropped} kept (without "
+              f"--log-dir only the latest {log.window} stay)", flush=True)
+    for line in written:
+        print(line, flush=True)
     return 0

@@ -130,3 +130,29 @@ def write_plan(plan: Plan, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(plan_to_toml(plan), encoding="utf-8")
     return path
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Part K of N of a grid (`--shard K/N`): the points whose index is K-1 modulo N. Interleaved, not
+    contiguous, so every shard gets its share of each plan and target (they differ in cost)."""
+
+    k: int
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.k}/{self.n}"
+
+    def select(self, points: list[GridPoint]) -> list[GridPoint]:
+        return [point for point in points if point.index % self.n == self.k - 1]
+
+
+def parse_shard(text: str) -> Shard:
+    """`2/4` -> Shard(2, 4): K from 1 to N."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match:
+        raise SweepError(f"--shard {text!r}: expected K/N, e.g. 2/4 (part 2 of 4)")
+    k, n = int(match[1]), int(match[2])
+    if not 1 <= k <= n:
+        raise SweepError(f"--shard {text!r}: K must be from 1 to N")
+    return Shard(k, n)

@@ -14,13 +14,20 @@ stdin is a pipe only the sweep holds (`ROLLOUT_BENCH_STDIN_LIFELINE`), and a run
 of file kills its process group, its workers following through their own lifelines. Every process a
 sweep starts carries the sweep's marker in its environment (`bench.isolation.escapees`), and the sweep
 kills whatever still carries it when it ends.
+
+Where runs run is the executor's business: `LocalExecutor` (here, `jobs` subprocesses at a time) or
+`ray_executor.RayExecutor` (`--ray`: one Ray task per run, on the cluster's nodes); both hand each run's
+rows to `run_sweep`, which owns the tables, `sweep.json` and the ledger `--resume` reads (`resume`).
+`--shard K/N` picks part of the grid before either executor sees it (`grid.Shard`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,7 +47,11 @@ from bench.isolation.escapees import SWEEP_MARKER, descendants, kill_marked, new
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan
 
-from .grid import GridPoint, SweepError, build_grid, parse_plans, parse_rates, parse_seeds, parse_targets, write_plan
+from .grid import (GridPoint, Shard, SweepError, build_grid, parse_plans, parse_rates, parse_seeds, parse_shard,
+                   parse_targets, write_plan)
+from .resume import (RERUN_OUTCOMES, RowLedger, grid_record, read_record, refuse, resumed_grid,
+                     resumed_options)
+from .liveness import existing_sweep_note
 from .table import RUN_OUTCOMES, Finished, run_rows, write_sweep_tables
 
 
@@ -64,6 +75,8 @@ class SweepOptions:
     timeout_s: float = 600.0  # per run: past it, the run and its children are killed
     jobs: int = field(default_factory=default_jobs)
     invariants: tuple[str, ...] | None = None  # None: all of them
+    steps: int = 1  # training steps per run (`run --steps K`): the rollout called K times in one worker
+    on_step_failure: str = "stop"
     run_args: tuple[str, ...] = ()  # more `rollout-bench run` options, passed as they are
 
     def check(self) -> None:
@@ -75,6 +88,10 @@ class SweepOptions:
             raise SweepError(f"--n {self.n}: needs at least 1 trajectory")
         if self.concurrency < 1:
             raise SweepError(f"--concurrency {self.concurrency}: needs at least 1")
+        if self.steps < 1:
+            raise SweepError(f"--steps {self.steps}: needs at least 1")
+        if self.on_step_failure not in ("stop", "continue"):
+            raise SweepError(f"--on-step-failure {self.on_step_failure!r}: stop or continue")
         if not math.isfinite(self.watchdog_s) or self.watchdog_s <= 0:
             raise SweepError(f"--watchdog {self.watchdog_s:g}: needs a positive number of seconds")
         if not math.isfinite(self.timeout_s) or not math.isfinite(self.time_scale) or self.time_scale < 0:
@@ -105,6 +122,8 @@ def run_command(point: GridPoint, plan_file: Path, folder: Path, options: SweepO
         command += ["--n", str(options.n)]
     if options.invariants is not None:
         command += ["--invariants", ",".join(options.invariants)]
+    if options.steps > 1:
+        command += ["--steps", str(options.steps), "--on-step-failure", options.on_step_failure]
     return command + list(options.run_args)
 
 
@@ -218,7 +237,7 @@ def run_point(point: GridPoint, out: Path, options: SweepOptions, processes: _Pr
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SweepError(f"--out {out}: exists and is not an empty folder; give a new one "
-                         "(a sweep never mixes its runs with an older sweep's)")
+                         f"(a sweep never mixes its runs with an older sweep's){existing_sweep_note(out)}")
 
 
 _SAY = threading.Lock()
@@ -246,27 +265,86 @@ def _finish_line(done: int, total: int, point: GridPoint, row: dict[str, Any]) -
             f"seed {point.seed}")
 
 
+Rows = tuple[dict[str, Any], list[dict[str, Any]]]  # a run's row of sweep.csv and its rows of sweep_faults.csv
+Finish = Callable[[GridPoint, Rows], None]
+
+
+class LocalExecutor:
+    """Runs on this machine: `options.jobs` subprocesses at a time (`run_point` on a thread each)."""
+
+    name = "local"
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": self.name}
+
+    def run(self, points: list[GridPoint], out: Path, options: SweepOptions, finish: Finish,
+            say: Callable[[str], None]) -> None:
+        processes = _Processes()
+        executor = ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="sweep")
+        pending: dict[Future[Any], GridPoint] = {}
+        try:
+            for point in points:
+                pending[executor.submit(run_point, point, out, options, processes, say)] = point
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    finish(pending.pop(future), future.result())
+        except BaseException:
+            processes.stop_all()
+            executor.shutdown(wait=True, cancel_futures=True)
+            for future, point in pending.items():  # runs that ended meanwhile (interrupted reports) keep their rows
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    finish(point, future.result())
+            raise
+        executor.shutdown()
+        kill_marked(SWEEP_MARKER, processes.marker)  # anything a finished run left behind
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Written whole, then renamed: a sweep killed meanwhile leaves the previous version, never half a file."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
 def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seeds: list[int], out: str | Path,
-              options: SweepOptions, *, show_progress: bool = False) -> list[dict[str, Any]]:
-    """Run the whole grid, `options.jobs` runs at a time; returns the rows of `sweep.csv`, in grid order."""
+              options: SweepOptions, *, show_progress: bool = False, shard: Shard | None = None,
+              resume: bool = False, executor: Any = None) -> list[dict[str, Any]]:
+    """Run the grid (or its `shard`), `options.jobs` runs at a time; returns the rows of `sweep.csv`, in grid
+    order. `resume`: `out` holds this sweep already (the caller checked its record): keep the rows of its
+    finished runs and run the rest. `executor`: where runs run (default `LocalExecutor`; `RayExecutor`)."""
     options.check()
     out = Path(out)
-    _check_out(out)
+    executor = executor or LocalExecutor()
     points = build_grid(plans, targets, rates, seeds)
+    if shard is not None:
+        points = shard.select(points)
+    ledger = RowLedger(out)
+    rows: dict[int, dict[str, Any]] = {}
+    fault_rows: dict[int, list[dict[str, Any]]] = {}
+    if resume:
+        indexes = {point.index for point in points}
+        for index, (row, faults) in ledger.finished().items():
+            if index in indexes and row["outcome"] not in RERUN_OUTCOMES:
+                rows[index], fault_rows[index] = row, faults
+    else:
+        _check_out(out)
+    todo = [point for point in points if point.index not in rows]
     (out / "runs").mkdir(parents=True, exist_ok=True)
+    for point in todo:  # a resumed sweep's unfinished runs start from nothing (a killed run left part of a report)
+        shutil.rmtree(out / "runs" / point.id, ignore_errors=True)
     settings = {**asdict(options), "run_args": list(options.run_args),
                 "invariants": None if options.invariants is None else list(options.invariants)}
     config = {"version": __version__, "plans": [p.name for p in plans], "plan_sources": [p.source for p in plans],
               "targets": targets, "rates": [float(r) for r in rates], "seeds": seeds, "runs": len(points),
-              "options": settings, "started": time.time(),
+              "shard": None if shard is None else str(shard), "options": settings, **executor.describe(),
+              "grid": grid_record(plans, targets, rates, seeds, shard, settings),
+              "resumed_with_finished_runs": len(rows) if resume else None, "started": time.time(),
               # while `status` is running: a sweep killed outright (SIGKILL) cannot mark itself, so `report` checks
               # whether this process still exists
               "pid": os.getpid(), "host": os.uname().nodename}
-    rows: dict[int, dict[str, Any]] = {}
-    fault_rows: dict[int, list[dict[str, Any]]] = {}
-    processes = _Processes()
     clock = time.monotonic()
-    bar = tqdm(total=len(points), desc="sweep", unit="run", file=sys.stderr) \
+    bar = tqdm(total=len(points), initial=len(rows), desc="sweep", unit="run", file=sys.stderr) \
         if show_progress and sys.stderr.isatty() else None
 
     def save(status: str) -> None:
@@ -275,68 +353,89 @@ def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seed
         outcomes = {name: sum(1 for r in rows.values() if r["outcome"] == name) for name in RUN_OUTCOMES}
         summary = {**config, "status": status, "finished_runs": len(rows), "outcomes": outcomes,
                    "duration_s": round(time.monotonic() - clock, 3)}
-        (out / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        _write_atomic(out / "sweep.json", json.dumps(summary, indent=2) + "\n")
 
+    def finish(point: GridPoint, result: Rows) -> None:
+        rows[point.index], fault_rows[point.index] = result
+        ledger.append(point.index, *result)  # first: what the ledger holds is what a resume keeps
+        if bar is not None:
+            bar.update(1)
+        _say(bar, _finish_line(len(rows), len(points), point, rows[point.index]))
+        save("running")
+
+    if resume:
+        _say(bar, f"sweep: resuming {out}: {len(rows)} of {len(points)} runs finished, {len(todo)} to run")
     save("running")
-    executor = ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="sweep")
-    pending: dict[Future[Any], GridPoint] = {}
     try:
-        for point in points:
-            pending[executor.submit(run_point, point, out, options, processes, lambda line: _say(bar, line))] = point
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                point = pending.pop(future)
-                rows[point.index], fault_rows[point.index] = future.result()
-                if bar is not None:
-                    bar.update(1)
-                _say(bar, _finish_line(len(rows), len(points), point, rows[point.index]))
-                save("running")
+        executor.run(todo, out, options, finish, lambda line: _say(bar, line))
     except BaseException:
-        processes.stop_all()
-        executor.shutdown(wait=True, cancel_futures=True)
-        for future, point in pending.items():  # runs that ended meanwhile (interrupted reports) keep their rows
-            if future.done() and not future.cancelled() and future.exception() is None:
-                rows[point.index], fault_rows[point.index] = future.result()
         save("interrupted")
         raise
     finally:
         if bar is not None:
             bar.close()
-    executor.shutdown()
-    kill_marked(SWEEP_MARKER, processes.marker)  # anything a finished run left behind
     save("finished")
     return [rows[i] for i in sorted(rows)]
 
 
-def sweep_status_note(summary: dict[str, Any]) -> str:
-    """What `sweep.json`'s status means: a sweep still `running` whose process is gone was killed outright."""
-    status = summary.get("status")
-    if status != "running":
-        return f"status {status}" if status else ""
-    pid, host = summary.get("pid"), summary.get("host")
-    if isinstance(pid, int) and host == os.uname().nodename and Path("/proc/self").exists() \
-            and not Path(f"/proc/{pid}").exists():
-        return (f"status running, but its process (pid {pid}) is gone: the sweep was killed outright; "
-                f"{summary.get('finished_runs', 0)} of {summary.get('runs')} runs finished")
-    return "status running"
+# SweepOptions fields as the command line names them (for a resume refused over a difference)
+OPTION_NAMES = {"trace": "--trace", "n": "--n", "time_scale": "--time-scale", "concurrency": "--concurrency",
+                "watchdog_s": "--watchdog", "timeout_s": "--timeout", "invariants": "--invariants",
+                "steps": "--steps", "on_step_failure": "--on-step-failure",
+                "run_args": "--python/--in-process/--known"}
 
 
-def sweep_command(plan: str, target: str, rates: str, seeds: str, out: str, options: SweepOptions) -> int:
+def sweep_command(plan: str | None, target: str | None, rates: str | None, seeds: str | None, out: str,
+                  options: SweepOptions, *, shard: str | None = None, resume: bool = False,
+                  given: frozenset[str] = frozenset(), ray_address: str | None = None) -> int:
     """The `rollout-bench sweep` command: 0 when every run is ok, 1 when any found violations,
-    crashed or timed out (the table is written either way), 2 for bad options (raised)."""
-    plans, targets = parse_plans(plan), parse_targets(target)
-    grid_rates, grid_seeds = parse_rates(rates), parse_seeds(seeds)
+    crashed or timed out (the table is written either way), 2 for bad options (raised).
+    `resume`: `out` is a sweep to finish; grid options left None and options not in `given` (SweepOptions
+    field names this command set) come from its record, the others must equal it."""
+    if not resume:
+        missing = [name for name, value in (("--plan", plan), ("--target", target), ("--rates", rates),
+                                             ("--seeds", seeds)) if value is None]
+        if missing:
+            raise SweepError(f"{', '.join(missing)}: required (or --resume DIR to finish a sweep)")
+    grid_plans = None if plan is None else parse_plans(plan)
+    grid_targets = None if target is None else parse_targets(target)
+    grid_rates = None if rates is None else parse_rates(rates)
+    grid_seeds = None if seeds is None else parse_seeds(seeds)
+    grid_shard = None if shard is None else parse_shard(shard)
+    if resume:
+        record = read_record(Path(out))
+        kept, grid_differences = resumed_grid(Path(out), record, grid_plans, grid_targets, grid_rates, grid_seeds,
+                                              grid_shard)
+        grid_plans, grid_targets, grid_rates, grid_seeds, grid_shard = \
+            kept.plans, kept.targets, kept.rates, kept.seeds, kept.shard
+        settings, option_differences = resumed_options(Path(out), record,
+                                                       {name: getattr(options, name) for name in given},
+                                                       OPTION_NAMES, {"jobs": options.jobs})
+        refuse(Path(out), grid_differences + option_differences)
+        options = SweepOptions(**{**settings, "run_args": tuple(settings["run_args"]),
+                                  "invariants": None if settings["invariants"] is None
+                                  else tuple(settings["invariants"])})
+    assert grid_plans is not None and grid_targets is not None and grid_rates is not None and grid_seeds is not None
     options.check()
     try:
         resolve_trace(options.trace)
     except (FileNotFoundError, KeyError) as error:
         raise SweepError(f"--trace: {error.args[0] if error.args else error}") from None
-    total = len(plans) * len(targets) * len(grid_rates) * len(grid_seeds)
-    print(f"sweep: {total} runs ({len(plans)} plans x {len(targets)} targets x {len(grid_rates)} rates x "
-          f"{len(grid_seeds)} seeds), {options.jobs} at a time, timeout {options.timeout_s:g} s each; "
+    executor = None
+    if ray_address is not None:
+        from .ray_executor import RayExecutor
+
+        executor = RayExecutor.connect(ray_address, grid_targets, options)
+        if "jobs" not in given:  # as many at once as the cluster has CPUs
+            options = dataclasses.replace(options, jobs=executor.cpus)
+    total = len(grid_plans) * len(grid_targets) * len(grid_rates) * len(grid_seeds)
+    part = "" if grid_shard is None else f", shard {grid_shard}: {len(range(grid_shard.k - 1, total, grid_shard.n))} of them"
+    print(f"sweep: {total} runs{part} ({len(grid_plans)} plans x {len(grid_targets)} targets x {len(grid_rates)} "
+          f"rates x {len(grid_seeds)} seeds), {options.jobs} at a time"
+          f"{'' if executor is None else ' on the Ray cluster'}, timeout {options.timeout_s:g} s each; "
           f"seeds {','.join(map(str, grid_seeds))}", file=sys.stderr)
-    rows = run_sweep(plans, targets, grid_rates, grid_seeds, out, options, show_progress=True)
+    rows = run_sweep(grid_plans, grid_targets, grid_rates, grid_seeds, out, options, show_progress=True,
+                     shard=grid_shard, resume=resume, executor=executor)
     counts = {name: sum(1 for r in rows if r["outcome"] == name) for name in RUN_OUTCOMES}
     print("sweep: " + ", ".join(f"{name} {count}" for name, count in counts.items()))
     print(f"table: {(Path(out) / 'sweep.csv').resolve()}")

@@ -8,6 +8,7 @@ its row, with the outcome saying so and the report columns empty.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +19,13 @@ import pandas as pd
 from bench.report.tables import parquet_available, read_tables
 from bench.records.sample import OUTCOMES
 
+from .liveness import KILLED, effective_status, sweep_status_note
+
 # no_requests: the run passed, but its target never sent the server a generation request, so it tested nothing
 # (a sweep leaves out the vacuity invariant, which would say so only through a rule that never fired)
 # interrupted: the run was stopped (the sweep was interrupted) and wrote the report of what it had gathered
-RUN_OUTCOMES = ("ok", "violations", "no_requests", "interrupted", "crashed", "timeout")
+# lost: on a Ray cluster, the node running it died on every attempt (no report; `--resume` runs it again)
+RUN_OUTCOMES = ("ok", "violations", "no_requests", "interrupted", "crashed", "timeout", "lost")
 TABLES = ("sweep", "sweep_faults")
 # Every column of sweep.csv, in order (also the columns of an empty sweep).
 COLUMNS = (
@@ -29,11 +33,12 @@ COLUMNS = (
     "trajectories", "drop_rate", "dropped", *(f"n_{name}" for name in OUTCOMES),
     "violations", "violated_invariants", "known_violations", "batch_error", "hang", "fault_events", "trajectories_hit",
     "trajectories_per_s", "requests_per_s", "output_tokens_per_s", "latency_p50_s", "latency_p90_s",
-    "latency_p99_s", "retry_amplification", "duration_s", "wall_s", "report",
+    "latency_p99_s", "retry_amplification", "duration_s", "steps_ran", "first_violation_step", "wall_s", "attempts",
+    "nodes", "report",
 )
 # Counts and codes: nullable integers (a crashed run has none), not floats.
 INT_COLUMNS = ("seed", "n", "exit_code", "trajectories", "dropped", *(f"n_{name}" for name in OUTCOMES), "violations",
-               "known_violations", "fault_events", "trajectories_hit")
+               "known_violations", "fault_events", "trajectories_hit", "steps_ran", "first_violation_step", "attempts")
 FAULT_COLUMNS = ("run", "plan", "target", "rate", "seed", "fault", "trajectories", "drop_rate")
 
 
@@ -94,7 +99,7 @@ def run_rows(base: dict[str, Any], folder: Path, finished: Finished) -> tuple[di
     outcome = outcome_of(finished, summary)
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
     row.update(base, outcome=outcome, exit_code=finished.exit_code, wall_s=round(finished.wall_s, 3),
-               report=f"runs/{folder.name}")
+               attempts=1, nodes=os.uname().nodename, report=f"runs/{folder.name}")
     if outcome == "timeout":
         row["error"] = "killed by the sweep's timeout"
     elif outcome == "crashed":
@@ -119,6 +124,10 @@ def run_rows(base: dict[str, Any], folder: Path, finished: Finished) -> tuple[di
         latency_p99_s=throughput["latency_s"]["p99"], retry_amplification=throughput["retry_amplification"],
         duration_s=summary["duration_s"],
     )
+    steps = summary.get("steps")  # a multi-step run (`--steps K`): how many ran, the step first violated
+    if steps:
+        row["steps_ran"] = steps["ran"]
+        row["first_violation_step"] = (steps.get("first_violation") or {}).get("step")
     try:
         tables = read_tables(folder)
         row["fault_events"] = len(tables["faults"])
@@ -136,13 +145,19 @@ def write_sweep_tables(rows: list[dict[str, Any]], fault_rows: list[dict[str, An
     frames = {"sweep": _typed(pd.DataFrame(rows, columns=list(COLUMNS))),
               "sweep_faults": _typed(pd.DataFrame(fault_rows, columns=list(FAULT_COLUMNS)))}
     written = []
-    for name, frame in frames.items():
-        frame.to_csv(folder / f"{name}.csv", index=False)
+    for name, frame in frames.items():  # each written whole, then renamed: a sweep killed meanwhile leaves the last
+        _replace(folder / f"{name}.csv", lambda path: frame.to_csv(path, index=False))
         written.append(folder / f"{name}.csv")
         if parquet_available():
-            frame.to_parquet(folder / f"{name}.parquet", index=False)
+            _replace(folder / f"{name}.parquet", lambda path: frame.to_parquet(path, index=False))
             written.append(folder / f"{name}.parquet")
     return written
+
+
+def _replace(path: Path, write: Any) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    write(partial)
+    os.replace(partial, path)
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -172,4 +187,7 @@ def load_sweep(folder: str | Path) -> dict[str, Any]:
     runs["report"] = [str((folder / str(path)).resolve()) for path in runs["report"]]
     summary_path = folder / "sweep.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {}
+    if summary.get("status") == "running" and effective_status(summary) == KILLED:  # SIGKILLed: it could not say
+        summary = {**summary, "status": KILLED, "recorded_status": "running",
+                   "status_note": sweep_status_note(summary)}
     return {"runs": runs, "faults": frames["sweep_faults"], "summary": summary}
