@@ -281,7 +281,8 @@ def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signall
               file=sys.stderr)
         return 128 + signalled[0]
     if result.violations and args.repro_reruns > 0:
-        print(f"repros: rerunning to verify and shrink each failure (at most {args.repro_reruns} reruns each)",
+        print(f"repros: rerunning to verify{' and shrink' if result.config.steps == 1 else ''} each failure (at most "
+              f"{args.repro_reruns} reruns each)",
               file=sys.stderr, flush=True)
         outcomes = write_repros(result, out, budget=Budget(reruns=args.repro_reruns))
         add_to_summary(out, "repros", [o.to_dict() for o in outcomes])

@@ -174,7 +174,8 @@ def lag_bound(board: StepBoard, records: list[SampleRecord], consumed: dict[str,
         worst = max(samples, key=lambda s: s["lag"])
         out.append(Violation(
             "step_lag", worst["trajectory"],
-            f"step {step} trained on {len(samples)} samples more than {bound} versions behind its weights "
+            f"step {step} trained on {len(samples)} samples more than {bound} version{'s' if bound != 1 else ''} "
+            f"behind its weights "
             f"(v{by_step[step].weight_version}); the oldest was served v{min(worst['weight_versions'], key=int)} "
             f"in step {worst['generated_in_step']} (lag {worst['lag']})",
             {"check": "lag", "step": step, "first_step": step, "bound": bound, "count": len(samples),
