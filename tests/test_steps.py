@@ -129,6 +129,10 @@ def test_training_on_samples_older_than_the_declared_bound_is_caught() -> None:
     assert unfixed.steps["first_violation"]["step"] == 3  # type: ignore[index]
     declared = _run("ref-step-async:unfixed", n=8, target_options={"max_staleness": 2})
     assert declared.violations == [] and declared.config.bounds.max_weight_lag == 2
+    from bench.invariants import Bounds
+
+    widened = _run("ref-step-async:unfixed", n=8, bounds=Bounds(max_weight_lag=2))  # `--max-weight-lag 2`
+    assert widened.violations == [], [v.message for v in widened.violations]
     fixed = _run("ref-step-async:fixed", n=8)
     assert fixed.violations == [], [v.message for v in fixed.violations]
     assert [row["max_lag"] for row in fixed.steps["rows"]] == [0, 1, 1, 1, 1]  # type: ignore[index]
