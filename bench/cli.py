@@ -213,6 +213,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         options["steps"] = args.steps
     if args.on_step_failure is not None:
         options["on_step_failure"] = args.on_step_failure
+    if args.compare_fresh:
+        options["compare_fresh"] = True
     target_options = _target_options(args)
     if args.repro:
         if args.plan or args.fault or args.n is not None or args.trace != DEFAULT_TRACE:
@@ -278,12 +280,9 @@ def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signall
               f"what came back until then{' (marked interrupted)' if result.interrupted else ''}; no repros",
               file=sys.stderr)
         return 128 + signalled[0]
-    if result.violations and args.repro_reruns > 0 and result.config.steps > 1:
-        print("repros: none for a multi-step run yet (a repro reruns trajectories, not steps); run.toml has the run",
-              file=sys.stderr)
-        write_config(result.config, out / "run.toml", result=result)
-    elif result.violations and args.repro_reruns > 0:
-        print(f"repros: rerunning to verify and shrink each failure (at most {args.repro_reruns} reruns each)",
+    if result.violations and args.repro_reruns > 0:
+        print(f"repros: rerunning to verify{' and shrink' if result.config.steps == 1 else ''} each failure (at most "
+              f"{args.repro_reruns} reruns each)",
               file=sys.stderr, flush=True)
         outcomes = write_repros(result, out, budget=Budget(reruns=args.repro_reruns))
         add_to_summary(out, "repros", [o.to_dict() for o in outcomes])
@@ -650,6 +649,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--on-step-failure", choices=("stop", "continue"),
                      help="after a step that raised: stop (default), or continue with the next step in the same "
                           "process")
+    run.add_argument("--compare-fresh", action="store_true",
+                     help="with --steps: rerun the last step that ran clean in a fresh worker and compare outcomes, "
+                          "token ids and turns (one worker more)")
     run.add_argument("--python", metavar="PATH", help="run the target in a worker under this interpreter (its own "
                      "virtual environment); default: the target's environment from `make targets`, else this one")
     run.add_argument("--in-process", action="store_true",

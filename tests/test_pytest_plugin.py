@@ -64,6 +64,54 @@ def test_failing_bench_test_shows_seed_evidence_and_repro(bench_dir: pytest.Pyte
     assert "rollout-bench: 1 runs, 1 with violations" in text
 
 
+STEP_PLAN = """
+name = "step-one-fails"
+seed = 5
+
+[[rules]]
+name = "step-1-500"
+fault = "http_error"
+status = 500
+p = 1
+steps = "1"
+"""
+
+
+def test_a_step_finding_fails_the_test_with_its_evidence_and_repro(bench_dir: pytest.Pytester,
+                                                                   tmp_path: Path) -> None:
+    """`bench_run(target, steps=K, on_step_failure=...)`: every request of step 1 fails, ref-step-singleton:unfixed
+    (fail-fast) fails step 1, and its dirtied singleton fails step 2 on valid replies. The plugin reports that as it
+    reports any failure: the test fails, its rollout-bench section has the step finding with its evidence, and a
+    repro of steps 0-2 the bench reran."""
+    bench_dir.makefile(".toml", steps=STEP_PLAN)
+    bench_dir.makepyfile(test_bench_steps="""
+        import pytest
+
+        @pytest.mark.bench_plan("steps.toml")
+        def test_three_steps(bench_run):
+            result = bench_run("ref-step-singleton:unfixed", steps=3, n=4, on_step_failure="continue", warm=False,
+                               watchdog_s=20.0)
+            assert result.run.steps["ran"] == 3
+            assert result.ok
+    """)
+    reports = tmp_path / "reports"
+    outcome = bench_dir.runpytest("--bench-report-dir", str(reports))
+    outcome.assert_outcomes(failed=1)
+    text = outcome.stdout.str()
+    print(text)
+    assert re.search(r"-+ rollout-bench -+", text), "no rollout-bench report section"
+    assert re.search(r"violation 1/1: step_carryover \[[^\]]+\] step 2 failed after step 1 had failed "
+                     r"\(ClientResponseError\)", text), text
+    assert "passes in a fresh process: carried over" in text
+    assert '"after_step": 1' in text and "RolloutAborted" in text  # the evidence, not only the name
+    repro = re.search(r"  repro: (\S+)", text)
+    assert repro is not None, "no repro for the step finding"
+    written = Path(repro.group(1)).read_text()
+    assert "steps = 3" in written and 'on_step_failure = "continue"' in written
+    assert 'invariant = "step_carryover"' in written and "verified = {reruns = 1," in written
+    assert "rollout-bench: 1 runs, 1 with violations" in text
+
+
 def test_command_line_options_take_effect(bench_dir: pytest.Pytester, small_agentic: Path, tmp_path: Path) -> None:
     bench_dir.makepyfile(test_options=_source("""
         import pytest

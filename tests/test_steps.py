@@ -88,6 +88,57 @@ def test_a_singleton_a_failed_step_dirtied_is_reported_as_carried_over() -> None
     assert outcomes == {0: (N, 0), 1: (N, 0), 2: (0, N), 3: (N, 0), 4: (N, 0)}  # the step after the failure runs
 
 
+def test_a_later_step_that_differs_from_a_fresh_process_is_caught_when_asked(tmp_path: object) -> None:
+    """`compare_fresh`: the last clean step rerun in a fresh worker. ref-step-drift:unfixed's backoff lowers a
+    process-wide length limit, so step 4 clips what a fresh process keeps whole, and nothing raises."""
+    unfixed = _run("ref-step-drift:unfixed", compare_fresh=True)
+    assert _names(unfixed) == ["step_fresh_process"], [v.message for v in unfixed.violations]
+    evidence = unfixed.violations[0].evidence
+    assert (evidence["step"], evidence["count"]) == (K - 1, N)
+    assert all(d["outcome"] == {"in_step": "truncated", "fresh": "completed"} for d in evidence["differ"])
+    assert all(d["response_ids"]["in_step_length"] < d["response_ids"]["fresh_length"] for d in evidence["differ"])
+    assert evidence["fresh_process"]["worker_pid"] != unfixed.worker["pid"]  # type: ignore[index]
+    assert unfixed.steps["first_violation"]["step"] == K - 1  # type: ignore[index]
+    # opt-in: without it the drift passes unseen (no other check sees results that differ without raising)
+    assert _run("ref-step-drift:unfixed").violations == []
+    fixed = _run("ref-step-drift:fixed", compare_fresh=True)
+    assert fixed.violations == [], [v.message for v in fixed.violations]
+    comparison = fixed.steps["fresh_comparison"]  # type: ignore[index]
+    assert (comparison["step"], comparison["trajectories"], comparison["differ"]) == (K - 1, N, 0)
+    with pytest.raises(ValueError, match="compare_fresh needs steps >= 2"):
+        RunConfig(compare_fresh=True)
+    done = subprocess.run([sys.executable, "-m", "bench", "run", "--target", "ref-step-drift:fixed", "--steps", "2",
+                           "--n", "4", "--plan", "none", "--compare-fresh", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"fresh process +step 1 rerun in a fresh worker: 0 of 4 trajectories differ", done.stdout)
+
+
+def test_training_on_samples_older_than_the_declared_bound_is_caught() -> None:
+    """ref-step-async hands the trainer one group a step from a buffer that grows by two: by step 3 it trains on
+    samples served two steps earlier. Its framework declares it accepts 1 version (`max_staleness`), so `step_lag`
+    names the steps and samples past it; declared 2, the same run is within bound; the fixed variant drops what is
+    older than the bound before training."""
+    unfixed = _run("ref-step-async:unfixed", n=8)
+    lag = [v for v in unfixed.violations if v.invariant == "step_lag"]
+    assert [(v.evidence["step"], v.evidence["max_lag"], v.evidence["bound"]) for v in lag] == [(3, 2, 1), (4, 2, 1)]
+    oldest = lag[0].evidence["samples"][0]
+    assert (oldest["generated_in_step"], oldest["trained_in_step"], oldest["weight_versions"]) == (1, 3, ["1"])
+    assert _names(unfixed) == ["step_lag", "step_lag"]  # the emission-order staleness check does not see it
+    assert [row["max_lag"] for row in unfixed.steps["rows"]] == [0, 1, 1, 2, 2]  # type: ignore[index]
+    assert unfixed.steps["first_violation"]["step"] == 3  # type: ignore[index]
+    declared = _run("ref-step-async:unfixed", n=8, target_options={"max_staleness": 2})
+    assert declared.violations == [] and declared.config.bounds.max_weight_lag == 2
+    from bench.invariants import Bounds
+
+    widened = _run("ref-step-async:unfixed", n=8, bounds=Bounds(max_weight_lag=2))  # `--max-weight-lag 2`
+    assert widened.violations == [], [v.message for v in widened.violations]
+    fixed = _run("ref-step-async:fixed", n=8)
+    assert fixed.violations == [], [v.message for v in fixed.violations]
+    assert [row["max_lag"] for row in fixed.steps["rows"]] == [0, 1, 1, 1, 1]  # type: ignore[index]
+    assert {r.trajectory[:6] for r in fixed.records if r.outcome == "dropped"} == {"g00003", "g00005"}
+
+
 def test_stop_ends_the_run_at_the_failed_step() -> None:
     result = _run("ref-step-singleton:unfixed", "http_error:status=500,p=1,steps=2")
     assert result.steps is not None and (result.steps["ran"], result.steps["steps"]) == (3, K)
@@ -161,20 +212,56 @@ def test_the_command_line_writes_the_per_step_table_and_plot(tmp_path: object) -
     assert "steps = 4" in (out / "run.toml").read_text()  # the rerun of the whole run is a multi-step run too
 
 
-def test_a_multi_step_run_gets_its_run_toml_and_no_trajectory_repro(tmp_path: object) -> None:
-    """The pytest plugin's `bench_run(target, steps=K)` writes repros through here: a multi-step run's is the
-    whole run, rerun with `--repro run.toml` (a subset of trajectories would not be a subset of steps)."""
+def test_a_multi_step_repro_reruns_the_run_up_to_its_failing_step(tmp_path: object) -> None:
+    """The pytest plugin's `bench_run(target, steps=K)` writes repros through `write_repro`: a multi-step run's is
+    the run cut after the step the finding points at (a resource's growth keeps the 3 steps it needs to show),
+    verified by the bench rerunning it; `run.toml` still reruns the whole run."""
     from pathlib import Path
 
     from bench.orchestration.repro import load_repro, write_repro
 
-    result = _run("ref-step-leak:unfixed", steps=3, target_options={"leak": "children"})
+    result = _run("ref-step-leak:unfixed", target_options={"leak": "children"})
     assert [v.invariant for v in result.violations] == ["step_resources"]
-    assert write_repro(result, Path(str(tmp_path)) / "repro.toml") is None
-    config = load_repro(Path(str(tmp_path)) / "run.toml").config
-    assert (config.steps, config.on_step_failure, config.n, config.trajectories) == (3, "stop", N, None)
-    again = run_blocking(config)
+    assert result.violations[0].evidence["first_step"] == 1
+    path = write_repro(result, Path(str(tmp_path)) / "repro.toml")
+    assert path is not None  # seen failing the same way in a rerun
+    repro = load_repro(path)
+    assert (repro.config.steps, repro.config.on_step_failure, repro.invariant) == (3, "stop", "step_resources")
+    assert repro.config.trajectories == [r.trajectory for r in result.records[:3 * N]]  # the run's first 3 slices
+    assert "verified = {reruns = 1," in path.read_text()
+    whole = load_repro(Path(str(tmp_path)) / "run.toml").config
+    assert (whole.steps, whole.n, whole.trajectories) == (K, N, None)
+    again = run_blocking(repro.config)
     assert [v.invariant for v in again.violations] == ["step_resources"]
+    assert again.steps is not None and again.steps["ran"] == 3
+
+
+def test_a_carried_over_failure_gets_a_repro_of_its_steps_that_the_command_line_reruns(tmp_path: object) -> None:
+    """step_carryover at step 3 (step 2 failed on its fault): the repro is steps 0-3 with the step-2 rule kept as
+    scheduled and `continue` kept; `rollout-bench run --repro` shows the same finding, and the fixed variant run
+    from the same file passes."""
+    from pathlib import Path
+
+    from bench.orchestration.repro import load_repro, write_repro
+
+    result = _run("ref-step-singleton:unfixed", "http_error:status=500,p=1,steps=2", on_step_failure="continue")
+    assert _names(result) == ["step_carryover", "step_carryover"]
+    path = write_repro(result, Path(str(tmp_path)) / "repro.toml")
+    assert path is not None
+    repro = load_repro(path)
+    assert (repro.config.steps, repro.config.on_step_failure) == (4, "continue")
+    assert [rule.schedule.steps is not None and 2 in rule.schedule.steps
+            for rule in repro.config.plan.rules] == [True]  # type: ignore[union-attr]
+    out = Path(str(tmp_path)) / "rerun"
+    done = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(path), "--out", str(out),
+                           "--repro-reruns", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "4 of 4 ran (on step failure: continue)" in done.stdout
+    assert re.search(r"first violation +step 3: step_carryover", done.stdout), done.stdout
+    fixed = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(path), "--target",
+                            "ref-step-singleton:fixed", "--out", str(out) + "-fixed", "--repro-reruns", "0"],
+                           capture_output=True, text=True, timeout=300)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
 
 def test_a_step_that_hangs_ends_the_run_there() -> None:

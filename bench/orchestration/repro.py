@@ -277,9 +277,10 @@ def write_repros(result: RunResult, folder: str | Path, *, budget: Budget | None
     folder.mkdir(parents=True, exist_ok=True)
     write_config(result.config, folder / "run.toml", result=result)
     say = say or (lambda line: print(line, file=sys.stderr))
-    if result.config.steps > 1:  # a rerun of some trajectories is not a rerun of some steps (bench.steps)
-        say("repros: none for a multi-step run yet; run.toml reruns the whole run, steps and all")
-        return []
+    if result.config.steps > 1:  # a rerun of some trajectories is not a rerun of some steps: the run up to a step
+        from bench.steps.repro import write_step_repros
+
+        return write_step_repros(result, folder, budget, say)
     outcomes = []
     found = signatures(result.violations)
     for number, (signature, violation) in enumerate(found, start=1):
@@ -366,6 +367,8 @@ def write_config(config: RunConfig, path: Path, *, result: RunResult | None = No
         lines.append(f"known = {toml_value(known)}")
     if config.steps > 1:  # a multi-step run: its steps and policy; its slices come from `n` (steps that ran or not)
         lines += [f"steps = {config.steps}", f"on_step_failure = {toml_value(config.on_step_failure)}"]
+        if config.compare_fresh:
+            lines.append("compare_fresh = true")
     trajectories = config.trajectories if config.trajectories is not None else (
         [r.trajectory for r in result.records] if result is not None and config.steps == 1 else None)
     if trajectories is not None:
@@ -416,7 +419,7 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
                                     "target_options": dict(data.get("target_options", {})), "known": data.get("known")}
         for key in ("python", "concurrency", "time_scale", "watchdog_s", "deadline_s", "invariants", "n", "upstream",
-                    "tokenizer_dir", "steps", "on_step_failure"):
+                    "tokenizer_dir", "steps", "on_step_failure", "compare_fresh"):
             if key in data:
                 recorded[key] = data[key]
         if "bounds" in data:

@@ -75,6 +75,7 @@ class RunConfig:
     tokenizer_dir: str | None = None
     steps: int = 1  # training steps: the rollout called this many times in one worker (`bench.steps`)
     on_step_failure: str = "stop"  # "continue": after a step that raised, the next one runs in the same process
+    compare_fresh: bool = False  # also rerun the last clean step in a fresh worker and compare (`bench.steps.fresh`)
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -95,7 +96,7 @@ class RunConfig:
                 raise ValueError(f"{name}={value}: needs a finite number of seconds > 0")
         if not math.isfinite(self.time_scale) or self.time_scale < 0:
             raise ValueError(f"time_scale={self.time_scale}: needs a finite number >= 0")
-        steps.check_step_arguments(self.steps, self.on_step_failure)
+        steps.check_step_arguments(self.steps, self.on_step_failure, self.compare_fresh)
 
 
 @dataclass
@@ -406,10 +407,12 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
         tokenizer = server.context.tokenizer
         framework = framework_info_of(target)
         config = replace(config, bounds=declared_bounds(config.bounds, framework))
-        step_violations, step_table = steps.finish(board, ordered, requests, events, config.on_step_failure) \
-            if board is not None else ([], None)
+        step_violations, step_table = steps.finish(board, ordered, requests, events, config.on_step_failure,
+                                                   config.bounds.max_weight_lag) if board is not None else ([], None)
         if board is not None and not interrupted:  # a failure after a failed step: rerun it in a fresh process
             step_violations = await steps.confirm_in_fresh_process(config, board, step_violations)
+            if config.compare_fresh and step_table is not None:  # opt-in: a worker more, for one step
+                step_violations += await steps.compare_with_fresh_process(config, board, ordered, step_table)
         view = RunView(ordered, requests, events, steps.view_plan(board, plan),
                        {s.id: s.group for s in specs}, store.header.context_length, target.fail_fast,
                        batch_error, hang, duration, config.bounds, emitted, server.context.served,

@@ -22,6 +22,7 @@ from typing import Any
 from bench.invariants.base import Violation
 from bench.invariants.root_cause import root_cause
 from bench.records.request_log import RequestRecord
+from bench.records.sample import SampleRecord
 from faults import FaultEvent
 
 from .board import StepBoard, StepState
@@ -145,3 +146,39 @@ def _counts(state: StepState) -> dict[str, Any] | None:
     if state.resources is None:
         return None
     return {key: state.resources.get(key) for key in (*COUNTED, "rss_bytes")}
+
+
+_TRAINED = ("completed", "truncated")
+
+
+def lag_bound(board: StepBoard, records: list[SampleRecord], consumed: dict[str, int], bound: int) -> list[Violation]:
+    """`step_lag`: a trained-on sample whose oldest served weight version lags the weights of the step that
+    trained on it (the step running when the rollout handed it over) by more than `bound` versions. An async
+    rollout hands over samples generated under earlier steps' weights; how old it may hand them is the
+    framework's configured bound (`max_weight_lag`, declared by the adapter, or `--max-weight-lag`)."""
+    by_step = {s.step: s for s in board.states}
+    late: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        step = consumed.get(record.trajectory)
+        state = by_step.get(step) if step is not None else None
+        versions = [int(v) for v in record.weight_versions if v.isdigit()]
+        if record.outcome not in _TRAINED or state is None or not versions or not state.weight_version.isdigit():
+            continue
+        lag = int(state.weight_version) - min(versions)
+        if lag > bound:
+            late.setdefault(state.step, []).append({
+                "trajectory": record.trajectory, "generated_in_step": record.step, "trained_in_step": state.step,
+                "weight_versions": record.weight_versions, "step_weights": state.weight_version, "lag": lag})
+    out = []
+    for step, samples in sorted(late.items()):
+        worst = max(samples, key=lambda s: s["lag"])
+        out.append(Violation(
+            "step_lag", worst["trajectory"],
+            f"step {step} trained on {len(samples)} samples more than {bound} version{'s' if bound != 1 else ''} "
+            f"behind its weights "
+            f"(v{by_step[step].weight_version}); the oldest was served v{min(worst['weight_versions'], key=int)} "
+            f"in step {worst['generated_in_step']} (lag {worst['lag']})",
+            {"check": "lag", "step": step, "first_step": step, "bound": bound, "count": len(samples),
+             "max_lag": worst["lag"], "samples": sorted(samples, key=lambda s: -s["lag"])[:_LISTED]},
+            occurrences=len(samples)))
+    return out

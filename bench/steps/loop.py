@@ -17,7 +17,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from bench.isolation.exits import error_info, exits_as_errors
-from bench.records.sample import ErrorInfo
+from bench.records.sample import ErrorInfo, SampleRecord
 from bench.targets.base import Emit, RolloutJob
 
 from . import STEP_ROUTE
@@ -57,7 +57,16 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
     whose resources are not the target's). `on_prepared`: called once the first step's `prepare` is done."""
     prepare = getattr(target, "prepare", None)
     own = {task for task in (asyncio.current_task(),) if task is not None}
+    running = [0]
+
+    def handed_over(record: SampleRecord) -> None:
+        """A record carries the step running when the rollout handed it to the trainer (the step that trains on
+        it); the bench keeps that for the lag check and then stamps the record with its trajectory's step."""
+        record.step = running[0]
+        emit(record)
+
     for step in range(job.steps):
+        running[0] = step
         step_job = job.for_step(step)
         started = time.time()
         error: ErrorInfo | None = None
@@ -66,7 +75,7 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
                 await asyncio.to_thread(prepare, step_job)
             if step == 0 and on_prepared is not None:
                 on_prepared()
-            rollout = asyncio.create_task(exits_as_errors(target.run(step_job, emit)),
+            rollout = asyncio.create_task(exits_as_errors(target.run(step_job, handed_over)),
                                           name=f"target {target.name} step {step}")
             await rollout
         except asyncio.CancelledError:

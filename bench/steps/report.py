@@ -87,6 +87,11 @@ def step_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
                                                         if row["late_requests"] else "")
                       + (f"; held {held}{rss}" if held else "")
                       + (f"; raised {row['error']}" if row["error"] else "")))
+    fresh = steps.get("fresh_comparison")
+    if fresh:  # `compare_fresh`: a later step against a fresh worker's run of it
+        lines.append(("  fresh process", fresh["note"] if fresh.get("step") is None else
+                      f"step {fresh['step']} rerun in a fresh worker: {fresh['differ']} of {fresh['trajectories']} "
+                      f"trajectories differ"))
     first = steps.get("first_violation")
     if first:
         at = f"step {first['step']}" if first.get("step") is not None else "no step"

@@ -12,7 +12,8 @@ from faults import FaultEvent, Plan
 
 from . import STEP_FAILURE_POLICIES
 from .board import StepBoard, plan_for_step, plan_for_steps
-from .checks import check_steps
+from .checks import check_steps, lag_bound
+from .fresh import compare_later_step
 from .fresh import confirm as confirm_in_fresh_process
 from .table import step_rows
 
@@ -21,9 +22,11 @@ class StepsError(ValueError):
     """A multi-step run that cannot be sliced as asked (names the arguments and the trace)."""
 
 
-def check_step_arguments(steps: int, on_step_failure: str) -> None:
+def check_step_arguments(steps: int, on_step_failure: str, compare_fresh: bool = False) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r}: a run needs at least 1 step")
+    if compare_fresh and steps < 2:
+        raise ValueError("compare_fresh needs steps >= 2: it compares a later step with a fresh process")
     if on_step_failure not in STEP_FAILURE_POLICIES:
         raise ValueError(f"on_step_failure={on_step_failure!r}: one of {', '.join(STEP_FAILURE_POLICIES)}")
 
@@ -88,13 +91,19 @@ def view_plan(board: StepBoard | None, plan: Plan | None) -> Plan | None:
 
 
 def finish(board: StepBoard, records: list[SampleRecord], requests: list[RequestRecord],
-           fault_events: list[FaultEvent], policy: str) -> tuple[list[Violation], dict[str, Any]]:
-    """Stamp each record with its step; the cross-step findings and the report's `steps` block."""
+           fault_events: list[FaultEvent], policy: str, max_lag: int | None = None) -> tuple[list[Violation],
+                                                                                          dict[str, Any]]:
+    """Stamp each record with its step; the cross-step findings and the report's `steps` block. A record the
+    worker handed over came stamped with the step that trained on it (`loop.run_steps`): that step's weights
+    are what its lag is judged against (`max_lag`: the run's bound, the framework's declared one if wider)."""
+    consumed = {r.trajectory: r.step for r in records if r.outcome != "lost"}
     for record in records:
         record.step = board.step_of.get(record.trajectory, 0)
     violations = check_steps(board, requests, fault_events)
+    if max_lag is not None:
+        violations += lag_bound(board, records, consumed, max_lag)
     summary = {"steps": board.steps, "ran": board.ran(), "on_step_failure": policy,
-               "rows": step_rows(board, records, requests)}
+               "rows": step_rows(board, records, requests, consumed)}
     return violations, summary
 
 
@@ -111,3 +120,12 @@ def first_violation(board: StepBoard, violations: list[Violation]) -> dict[str, 
                                             "message": violations[0].message[:300]}
     step, _, violation = min(placed, key=lambda item: (item[0], item[1]))
     return {"step": step, "invariant": violation.invariant, "message": violation.message[:300]}
+
+
+async def compare_with_fresh_process(config: Any, board: StepBoard, records: list[SampleRecord],
+                                     table: dict[str, Any]) -> list[Violation]:
+    """`compare_fresh`: the last clean step against a fresh worker's run of it; the comparison goes in the
+    report's `steps` block (`fresh_comparison`), agreeing or not."""
+    found, comparison = await compare_later_step(config, board, records)
+    table["fresh_comparison"] = comparison
+    return found

@@ -11,9 +11,12 @@ from .board import StepBoard
 from .checks import COUNTED
 
 
-def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[RequestRecord]) -> list[dict[str, Any]]:
+def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[RequestRecord],
+              consumed: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """One row per step that started: samples and outcomes, drop rate, throughput, requests (late ones apart),
-    the weight version served, and the worker's resources after the step."""
+    the weight version served, the lag of what the step trained on (`consumed`: the step each record was handed
+    over in; default its trajectory's step), and the worker's resources after the step."""
+    consumed = consumed or {}
     rows = []
     following = {earlier.step: later.started for earlier, later in zip(board.states, board.states[1:])}
     for state in board.states:
@@ -34,7 +37,8 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
             "late_requests": sum(1 for q in asked if state.returned is not None and q.started > max(
                 state.returned, following.get(state.step, 0.0))),
             "versions_served": sorted({q.weight_version for q in asked if q.weight_version is not None}),
-            "max_lag": _max_lag(state.weight_version, mine),
+            "max_lag": _max_lag(state.weight_version, [r for r in records
+                                                       if consumed.get(r.trajectory, r.step) == state.step]),
             "error": None if state.error is None else f"{state.error.type}: {state.error.message[:200]}",
             **{key: resources.get(key) for key in COUNTED},
             "rss_mb": round(resources["rss_bytes"] / 2**20, 1) if resources.get("rss_bytes") is not None else None,
@@ -43,10 +47,11 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
 
 
 def _max_lag(published: str, records: list[SampleRecord]) -> int | None:
-    """Versions between the step's weights and the oldest version a sample of it says it was served (0: on
-    policy); None when the versions are not numbers or no sample names one."""
+    """Versions between the step's weights and the oldest version a sample it trained on (completed or truncated)
+    says it was served (0: on policy); None when the versions are not numbers or no such sample names one."""
     if not published.isdigit():
         return None
     lags = [int(published) - min(int(v) for v in record.weight_versions if v.isdigit())
-            for record in records if any(v.isdigit() for v in record.weight_versions)]
+            for record in records if record.outcome in ("completed", "truncated")
+            and any(v.isdigit() for v in record.weight_versions)]
     return max(lags) if lags else None

@@ -24,6 +24,8 @@ REGISTRY: dict[str, str] = {
     "ref-tool-loop": "bench.targets.reference.tool_loop:RefToolLoop",
     "ref-step-leak": "bench.targets.reference.step_leak:RefStepLeak",  # `run --steps K`: leaks per step
     "ref-step-singleton": "bench.targets.reference.step_singleton:RefStepSingleton",  # a failed step's state stays
+    "ref-step-drift": "bench.targets.reference.step_drift:RefStepDrift",  # later steps differ from a fresh process
+    "ref-step-async": "bench.targets.reference.step_async:RefStepAsync",  # trains on samples of earlier steps
     "verifiers": "bench.targets.frameworks.verifiers.target:VerifiersTarget",
     "miles": "bench.targets.frameworks.miles.target:MilesTarget",
     "slime": "bench.targets.frameworks.slime.target:SlimeTarget",
