@@ -38,9 +38,11 @@ LEAKS = {"tasks": "tasks", "threads": "threads", "sockets": "sockets", "children
 @pytest.mark.parametrize("leak", list(LEAKS))
 def test_a_leak_per_step_is_caught_and_its_fix_passes(leak: str) -> None:
     unfixed = _run("ref-step-leak:unfixed", target_options={"leak": leak})
-    growth = [v for v in unfixed.violations if v.invariant == "step_resources"]
-    assert [v.evidence["resource"] for v in growth] == [LEAKS[leak]], unfixed.violations
-    evidence = growth[0].evidence
+    growth = {v.evidence["resource"]: v for v in unfixed.violations if v.invariant == "step_resources"}
+    # a leaked task is alive: under load its over-sampling call may hold a connection open at each step's end too
+    also = {"sockets", "fds"} if leak == "tasks" else set()
+    assert LEAKS[leak] in growth and set(growth) - {LEAKS[leak]} <= also, unfixed.violations
+    evidence = growth[LEAKS[leak]].evidence
     assert list(evidence["per_step"]) == [str(step) for step in range(K)]  # evidence for every step
     assert evidence["first_step"] >= 1
     assert unfixed.steps is not None and unfixed.steps["first_violation"]["invariant"] in ("step_resources",
