@@ -121,7 +121,8 @@ class ServedTokens:
 
     def _evict(self) -> None:
         """Let go the oldest entries past the window: those whose request is over (`_over`); one still in flight stops
-        the chunk unless half a window more came since (`spill.evictable`). Their index rows go too, and the tokens no entry kept still points into."""
+        the chunk unless half a window more came since (`spill.evictable`). Their index rows go too, and the tokens
+        no entry kept still points into."""
         assert self.window is not None
         count = evictable(self.entries, self.window, _over)
         if count == 0:

@@ -156,7 +156,8 @@ def write_sweep_tables(rows: list[dict[str, Any]], fault_rows: list[dict[str, An
 
 
 def _replace(path: Path, write: Any) -> None:
-    """`write(temporary)`, then renamed into place (`atomic_path`): whole or not at all, a `WriteError` naming `path`."""
+    """`write(temporary)`, then renamed into place (`atomic_path`): whole or not at all, a `WriteError` naming
+    `path`."""
     with atomic_path(path) as temporary:
         write(temporary)
 
