@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.isolation.proc_stat import read_stat
+
 DEFAULT_OUT = Path("reports/bench")
 
 
@@ -35,8 +37,10 @@ def machine() -> dict[str, Any]:
 
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a running process, all its threads (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    stat = read_stat(pid)
+    if stat is None:
+        raise ProcessLookupError(f"no process {pid} to read the CPU time of (/proc/{pid}/stat)")
+    return stat.cpu_s
 
 
 def process_tree(pid: int) -> list[int]:

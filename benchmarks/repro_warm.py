@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.isolation.proc_stat import read_stat
+
 from .common import DEFAULT_OUT, machine, median, print_table, write_results
 
 CLI = [sys.executable, "-m", "bench"]
@@ -87,11 +89,8 @@ def stop_warm_worker(target: str, python: str) -> None:
 
 def _alive(pid: int) -> bool:
     """Alive and not a zombie (the detached warm worker's parent, the CLI, is gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    stat = read_stat(pid)
+    return stat is not None and not stat.ended
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

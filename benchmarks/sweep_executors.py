@@ -26,22 +26,22 @@ from typing import Any
 
 import pandas as pd
 
+from bench.isolation.proc_stat import read_stat
+
 from .common import DEFAULT_OUT, interleaved, machine, median, print_table, process_tree, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
 
 
-def _tree_cpu() -> dict[tuple[int, str], float]:
+def _tree_cpu() -> dict[tuple[int, int], float]:
     """User + system CPU seconds of every process below this one, by (pid, start time): the cluster's
     daemons and workers, a sweep's driver, its runs and their target workers."""
     found = {}
     for pid in process_tree(os.getpid())[1:]:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        found[(pid, fields[19])] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        stat = read_stat(pid)
+        if stat is not None:  # else ended meanwhile
+            found[(pid, stat.start_ticks)] = stat.cpu_s
     return found
 
 

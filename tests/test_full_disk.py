@@ -12,8 +12,9 @@ import resource
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -86,3 +87,40 @@ def test_a_disk_that_fills_during_the_report_names_the_file_and_leaves_nothing_h
     assert done.returncode == 2, done.stderr[-3000:]
     assert f"cannot write {out}" in done.stderr and "no space left on the device" in done.stderr, done.stderr[-3000:]
     _no_half_written(out)
+
+
+@contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """RLIMIT_FSIZE in this process for the block (the soft limit: restored after; Python ignores SIGXFSZ, so a write
+    past it fails with EFBIG)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def _writers(folder: Path) -> dict[str, tuple[Path, Callable[[], object]]]:
+    """The sweep's and the step report's writers, each given more than the limit below lets through."""
+    from bench.steps.report import write_step_report
+    from bench.sweep.sweeper import _write_atomic
+    from bench.sweep.table import write_sweep_tables
+
+    big = [{"step": i, "note": "x" * 40} for i in range(500)]
+    return {"sweep.json": (folder / "sweep.json", lambda: _write_atomic(folder / "sweep.json", "x" * 50_000)),
+            "sweep.csv": (folder / "sweep.csv", lambda: write_sweep_tables([{"plan": "p" * 40}] * 500, [], folder)),
+            "steps.csv": (folder / "steps.csv", lambda: write_step_report({"steps": {"rows": big}}, folder))}
+
+
+@pytest.mark.parametrize("name", ["sweep.json", "sweep.csv", "steps.csv"])
+def test_the_sweep_files_and_steps_csv_are_written_whole_or_not_at_all(tmp_path: Path, name: str) -> None:
+    """They go through `atomic_write` as every report file does: a limit mid-way is a `WriteError` naming the file
+    and leaves no file (steps.csv was written in place, half of it left; the sweep's own writers named the
+    temporary file)."""
+    from bench.records.atomic_write import WriteError
+
+    path, write = _writers(tmp_path)[name]
+    with _file_size_limit(8_000), pytest.raises(WriteError, match=f"cannot write {path}: file too large"):
+        write()
+    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())

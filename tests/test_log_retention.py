@@ -13,12 +13,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from bench.records.fault_log_spill import SpilledFaultLog
 from bench.records.request_log import Evicted, RequestLog, RequestRecord
 from bench.records.served_tokens import EvictedEntry, ServedTokens
 from bench.replay import pack
 from bench.server import BenchServer, ServerThread
 from bench.server.limits import Limits
 from faults import plan_from_specs
+from faults.log import FaultEvent
 from tests.server_helpers import request, turn_input
 
 
@@ -64,6 +66,54 @@ def test_without_a_spill_folder_old_rows_are_dropped_and_asking_for_them_says_so
     with pytest.raises(Evicted, match=r"rows before seq \d+ were dropped .*--log-dir"):
         log.rows(5)
     assert [row["seq"] for row in log.rows(log.first_kept)][-1] == 99
+
+
+def _block_next_chunk(folder: Path, stem: str, first: int) -> None:
+    """Writing the chunk starting at row `first` fails (a folder holds its name: fails even for root)."""
+    (folder / f"{stem}-{first:012d}.jsonl" / "x").mkdir(parents=True)
+
+
+def test_after_spilling_fails_old_rows_are_dropped_and_counted_so_memory_stays_bounded(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A full disk mid-serve: rows past the window are dropped and counted, as without --log-dir. (They stayed in
+    memory, and every later append walked them all: the log grew without bound and each request cost more.)"""
+    spill = tmp_path / "spill"
+    log = RequestLog()
+    log.retain(100, spill)
+    for i in range(300):
+        log.append(_settled(i))
+    spilled = log.first_seq
+    assert spilled > 0 and log.chunks and log.dropped == 0
+    _block_next_chunk(spill, "requests", spilled)
+    for i in range(20_000):
+        log.append(_settled(i))
+        assert len(log.records) < 125
+    assert log.spill_failure and log.dropped_from == spilled and log.dropped == log.first_seq - spilled > 19_000
+    assert capsys.readouterr().err.count("warning:") == 1  # said once
+    seqs = [row["seq"] for row in log.rows()]
+    assert seqs == list(range(spilled)) + list(range(log.first_seq, 20_300))  # the chunks, then the kept rows
+    with pytest.raises(Evicted, match=r"rows before seq \d+ were dropped .*spilling them to disk failed"):
+        log.rows(spilled + 1)
+    assert [row["seq"] for row in log.rows(log.first_seq)][0] == log.first_seq
+
+
+def test_after_spilling_fails_fault_events_are_dropped_and_counted(tmp_path: Path) -> None:
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    log = SpilledFaultLog(100, spill)
+
+    def event(i: int) -> FaultEvent:
+        return FaultEvent("r", "abort", f"t{i}", None, 0, 1, "/generate", str(i), 0.0, "aborted")
+
+    for i in range(300):
+        log.append(event(i))
+    spilled = log.first
+    _block_next_chunk(spill, "faults", spilled)
+    for i in range(20_000):
+        log.append(event(i))
+        assert len(log.events) < 125
+    assert log.spill_failure and log.dropped == log.first - spilled > 19_000 and log.fired_rules() == {"r"}
+    assert len(log.as_dicts()) == spilled + len(log.events)
 
 
 def test_an_unbounded_log_is_a_run_s_log_as_before() -> None:

@@ -66,3 +66,29 @@ def test_the_next_sweep_into_the_folder_says_what_is_there(tmp_path: Path) -> No
     live = _sweep_folder(tmp_path / "live", os.getpid(), time.time())
     with pytest.raises(SweepError, match=rf"a sweep \(pid {os.getpid()}\) is still running into it"):
         run_sweep([resolve_plan("chaos")], ["ref-gather"], [], [0], live, SweepOptions())
+
+
+def test_the_stat_reader_counts_fields_past_a_command_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
+    """`/proc/PID/stat` as every liveness and CPU check reads it (`bench.isolation.proc_stat`): the command name may
+    hold `) ` itself, so a split from the first `)` would read the wrong fields."""
+    from bench.isolation.proc_stat import read_stat
+
+    odd = tmp_path / "a) b (c"  # the command name the kernel shows is the executable's
+    odd.symlink_to(sys.executable)
+    before = time.time()
+    child = subprocess.Popen([str(odd), "-c", "import time; sum(range(10**7)); time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while (stat := read_stat(child.pid)) is not None and stat.cpu_s < 0.05 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stat is not None and stat.ppid == os.getpid() and not stat.ended and stat.cpu_s >= 0.05
+        assert before - 2 <= stat.started <= time.time() + 2
+        child.kill()
+        deadline = time.monotonic() + 10
+        while not (gone := read_stat(child.pid)) or not gone.ended:  # a zombie until reaped
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        child.kill()
+        child.wait()
+    assert read_stat(child.pid) is None

@@ -16,6 +16,8 @@ import signal
 import uuid
 from pathlib import Path
 
+from .proc_stat import read_stat
+
 RUN_MARKER = "ROLLOUT_BENCH_RUN_MARKER"  # set in a worker's environment: its run
 SWEEP_MARKER = "ROLLOUT_BENCH_SWEEP_MARKER"  # set in a sweep's runs' environment: the sweep
 
@@ -64,11 +66,9 @@ def descendants(pid: int) -> list[int]:
     """Every process below `pid` (from /proc; empty where there is none)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        stat = read_stat(entry.name)
+        if stat is not None:  # else ended meanwhile
+            children.setdefault(stat.ppid, []).append(int(entry.name))
     found, stack = [], [pid]
     while stack:
         for child in children.get(stack.pop(), []):

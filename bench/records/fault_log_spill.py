@@ -3,8 +3,8 @@
 `serve` and `proxy` can run for days; the fault engine's log (`faults.FaultLog`) keeps every event, about one per
 eight requests under the chaos plan. This subclass keeps the latest `window` events in memory and spills older ones
 to JSON Lines chunks (`spill`) that every reader of the whole log reads back (`/bench/faults`, faults.csv at
-shutdown); without a spill folder they are dropped and counted. Which rules fired is kept as a set, so
-`never_fired` stays exact either way."""
+shutdown); without a spill folder, or once spilling failed (`spill_failure`), they are dropped and counted. Which
+rules fired is kept as a set, so `never_fired` stays exact either way."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from faults.log import COLUMNS, FaultEvent, FaultLog
 
-from .atomic_write import atomic_path
-from .spill import read_chunk, write_chunk
+from .spill import evictable, over_window, read_chunk, write_chunk, write_csv_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,23 +38,20 @@ class SpilledFaultLog(FaultLog):
     def append(self, event: FaultEvent) -> None:
         self.events.append(event)
         self._fired.add(event.rule)
-        if len(self.events) >= self.window + max(1, self.window // 4):
-            self._evict(len(self.events) - self.window)
+        if over_window(len(self.events), self.window):
+            self._evict(evictable(self.events, self.window))
 
     def _evict(self, count: int) -> None:
-        chunk = self.events[:count]
-        if self.spill_dir is None:
-            self.dropped += count
-        elif self.spill_failure is not None:
-            return
-        else:
+        if self.spill_dir is not None and self.spill_failure is None:
             try:
-                self.chunks.append(write_chunk(self.spill_dir, "faults", self.first, (asdict(e) for e in chunk)))
-            except OSError as error:  # kept in memory from now on: nothing lost, said once
+                self.chunks.append(write_chunk(self.spill_dir, "faults", self.first,
+                                               (asdict(e) for e in self.events[:count])))
+            except OSError as error:  # dropped from now on, as without a folder: memory stays bounded; said once
                 self.spill_failure = str(error)
-                print(f"warning: {error}; the fault log stays in memory from event {self.first}", file=sys.stderr,
-                      flush=True)
-                return
+                print(f"warning: {error}; fault events past the window are dropped from event {self.first} on "
+                      f"(counted)", file=sys.stderr, flush=True)
+        if self.spill_dir is None or self.spill_failure is not None:
+            self.dropped += count
         del self.events[:count]
         self.first += count
 
@@ -85,13 +81,4 @@ class SpilledFaultLog(FaultLog):
 
     def write_csv(self, path: str | Path) -> Path:
         """The whole log (spilled chunks included) as CSV, written whole or not at all."""
-        import pandas as pd
-
-        path = Path(path)
-        with atomic_path(path) as temporary, temporary.open("w", newline="") as handle:
-            header = True
-            for path_ in list(self.chunks):
-                pd.DataFrame(read_chunk(path_), columns=COLUMNS).to_csv(handle, index=False, header=header)
-                header = False
-            pd.DataFrame([asdict(e) for e in self.events], columns=COLUMNS).to_csv(handle, index=False, header=header)
-        return path
+        return write_csv_rows(path, COLUMNS, self.rows())

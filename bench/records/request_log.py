@@ -8,8 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .atomic_write import atomic_path
-from .spill import read_chunk, write_chunk
+from .spill import CSV_BATCH, evictable, over_window, read_chunk, write_chunk, write_csv_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,11 +45,13 @@ COLUMNS = [f.name for f in fields(RequestRecord)]
 
 
 class Evicted(LookupError):
-    """Rows asked for were dropped from a bounded log kept without a spill folder."""
+    """Rows asked for were dropped from a bounded log (kept without a spill folder, or after spilling failed)."""
 
-    def __init__(self, since: int, first_kept: int) -> None:
-        super().__init__(f"request-log rows before seq {first_kept} were dropped from memory (the server keeps the "
-                         f"latest rows only; give it --log-dir to keep every row on disk); asked for rows from {since}")
+    def __init__(self, since: int, first_kept: int, spill_failure: str | None = None) -> None:
+        why = (f"spilling them to disk failed: {spill_failure}" if spill_failure is not None else
+               "the server keeps the latest rows only; give it --log-dir to keep every row on disk")
+        super().__init__(f"request-log rows before seq {first_kept} were dropped from memory ({why}); asked for rows "
+                         f"from {since}")
         self.since, self.first_kept = since, first_kept
 
 
@@ -60,7 +61,9 @@ class RequestLog:
     Unbounded unless told (`retain`): a run's harness reads its log whole. A long-lived server (`serve`, `proxy`)
     keeps the latest `window` records in memory; older ones, once settled (answered), go to JSON Lines chunks in a
     spill folder that `rows` and `write_csv` read back, so nothing is lost, or without a folder are dropped and
-    counted (`dropped`), and asking for them raises `Evicted`."""
+    counted (`dropped`), and asking for them raises `Evicted`. Once spilling fails (a full disk), later rows are
+    dropped and counted the same way (`spill_failure` says why, `dropped_from` where): rows stay bounded in memory,
+    the chunks already spilled stay readable, and whole-log reads step over the dropped rows (their `seq` shows it)."""
 
     def __init__(self) -> None:
         self.records: list[RequestRecord] = []  # in memory: rows `first_seq` onwards
@@ -69,7 +72,8 @@ class RequestLog:
         self.spill_dir: Path | None = None
         self.chunks: list[tuple[int, Path]] = []  # (first seq, file) of each spilled chunk, in order
         self.dropped = 0
-        self.spill_failure: str | None = None  # why spilling stopped (records stay in memory then)
+        self.spill_failure: str | None = None  # why spilling stopped (later records are dropped then)
+        self.dropped_from: int | None = None  # the first seq dropped after spilling failed (rows up to `first_seq`)
 
     def retain(self, window: int, spill_dir: str | Path | None = None) -> None:
         """Keep at most about `window` records in memory (settled ones beyond it spill or drop in chunks)."""
@@ -83,36 +87,31 @@ class RequestLog:
     def append(self, record: RequestRecord) -> None:
         record.seq = self.first_seq + len(self.records)
         self.records.append(record)
-        if self.window is not None and len(self.records) >= self.window + max(1, self.window // 4):
-            self._evict(len(self.records) - self.window)
+        if over_window(len(self.records), self.window):
+            self._evict()
 
     def __len__(self) -> int:
         return self.first_seq + len(self.records)
 
-    def _evict(self, most: int) -> None:
-        """Move up to `most` of the oldest records out of memory. A record still in flight (no latency yet) stops the
-        chunk, unless half a window of later records has come since (it is then written as it stands)."""
+    def _evict(self) -> None:
+        """Move the oldest records out of memory (`spill.evictable`: one still in flight holds them back a while), to
+        a chunk on disk, or dropped and counted without a spill folder or once spilling failed."""
         assert self.window is not None
-        stale = len(self.records) - self.window - self.window // 2
-        count = 0
-        while count < most and (self.records[count].latency_s is not None or count < stale):
-            count += 1
+        count = evictable(self.records, self.window, _answered)
         if count == 0:
             return
-        chunk = self.records[:count]
         if self.spill_dir is not None and self.spill_failure is None:
             try:
-                path = write_chunk(self.spill_dir, "requests", self.first_seq, (asdict(record) for record in chunk))
-            except OSError as error:  # kept in memory from now on: nothing lost, said once
-                self.spill_failure = str(error)
-                print(f"warning: {error}; the request log stays in memory from seq {self.first_seq}",
-                      file=sys.stderr, flush=True)
-                return
-            self.chunks.append((self.first_seq, path))
-        elif self.spill_dir is None:
+                path = write_chunk(self.spill_dir, "requests", self.first_seq,
+                                   (asdict(record) for record in self.records[:count]))
+            except OSError as error:  # dropped from now on, as without a folder: memory stays bounded; said once
+                self.spill_failure, self.dropped_from = str(error), self.first_seq
+                print(f"warning: {error}; request-log rows past the window are dropped from seq {self.first_seq} on "
+                      f"(counted)", file=sys.stderr, flush=True)
+            else:
+                self.chunks.append((self.first_seq, path))
+        if self.spill_dir is None or self.spill_failure is not None:
             self.dropped += count
-        else:
-            return
         del self.records[:count]
         self.first_seq += count
 
@@ -127,11 +126,19 @@ class RequestLog:
         each row is looked up where it is when its turn comes."""
         if since < self.first_kept:
             raise Evicted(since, self.first_kept)  # now, not at the first row: a generator would defer it
+        if self._dropped_after_failure(since):
+            raise Evicted(since, self.first_seq, self.spill_failure)
         return self._rows(since, len(self))
+
+    def _dropped_after_failure(self, seq: int) -> bool:
+        return self.dropped_from is not None and self.dropped_from <= seq < self.first_seq
 
     def _rows(self, since: int, end: int) -> Iterator[dict[str, Any]]:
         seq = since
         while seq < end:
+            if self._dropped_after_failure(seq):  # counted in `dropped`; the seq of the next row shows the gap
+                seq = self.first_seq
+                continue
             if seq >= self.first_seq:
                 yield asdict(self.records[seq - self.first_seq])
                 seq += 1
@@ -153,23 +160,13 @@ class RequestLog:
         return pd.DataFrame(list(self.rows(self.first_kept)), columns=COLUMNS)
 
     def write_csv(self, path: str | Path) -> Path:
-        """The whole log as CSV (spilled chunks included), written whole or not at all (`atomic_path`)."""
-        import pandas as pd
-
-        path = Path(path)
-        with atomic_path(path) as temporary, temporary.open("w", newline="") as handle:
-            if not self.chunks:
-                self.to_frame().to_csv(handle, index=False)
-                return path
-            batch: list[dict[str, Any]] = []
-            header = True
-            for row in self.rows(self.first_kept):
-                batch.append(row)
-                if len(batch) >= 10_000:
-                    pd.DataFrame(batch, columns=COLUMNS).to_csv(handle, index=False, header=header)
-                    batch, header = [], False
-            pd.DataFrame(batch, columns=COLUMNS).to_csv(handle, index=False, header=header)
-        return path
+        """The whole log as CSV (spilled chunks included), written whole or not at all (`atomic_path`); a log that
+        never spilled is written as one frame, as it always was."""
+        return write_csv_rows(path, COLUMNS, self.rows(self.first_kept), batch=CSV_BATCH if self.chunks else None)
 
     def as_dicts(self) -> list[dict[str, Any]]:
         return list(self.rows(self.first_kept))
+
+
+def _answered(record: RequestRecord) -> bool:
+    return record.latency_s is not None

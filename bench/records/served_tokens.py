@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .atomic_write import atomic_path
 from .request_log import RequestRecord
+from .spill import evictable, over_window
 
 ROOT, PREFIX, EARLIER = "root", "prefix", "earlier"
 _INT32 = 4
@@ -118,16 +119,12 @@ class ServedTokens:
         at = index - self._base
         return self.entries[at] if at >= 0 else None
 
-    def _evict(self, most: int) -> None:
-        """Let go up to `most` of the oldest entries: those whose request is over (played, or answered without being
-        played: a refusal, an injected error); one still in flight stops the chunk unless half a window more came
-        since. Their index rows go too, and the tokens no entry kept still points into."""
+    def _evict(self) -> None:
+        """Let go the oldest entries past the window: those whose request is over (`_over`); one still in flight stops
+        the chunk unless half a window more came since (`spill.evictable`). Their index rows go too, and the tokens
+        no entry kept still points into."""
         assert self.window is not None
-        stale = len(self.entries) - self.window - self.window // 2
-        count = 0
-        while count < most and (self.entries[count].played or self.entries[count].record.latency_s is not None
-                                 or count < stale):
-            count += 1
+        count = evictable(self.entries, self.window, _over)
         if count == 0:
             return
         for entry in self.entries[:count]:
@@ -181,8 +178,8 @@ class ServedTokens:
             self._by_family.setdefault(entry.family, []).append(entry.index)
         self._by_record[id(record)] = entry.index
         record.served_tokens = 0
-        if self.window is not None and len(self.entries) >= self.window + max(1, self.window // 4):
-            self._evict(len(self.entries) - self.window)
+        if over_window(len(self.entries), self.window):
+            self._evict()
         return entry
 
     def finish(self, record: RequestRecord, prompt: list[int], ids: list[int], logprobs: list[float | None] | None,
@@ -322,6 +319,11 @@ class ServedTokens:
     @staticmethod
     def _continuable(entry: ServedEntry, size: int) -> bool:
         return entry.played and (entry.context_len < size or entry.context_len == size and entry.count > 0)
+
+
+def _over(entry: ServedEntry) -> bool:
+    """Its request is over: played, or answered without being played (a refusal, an injected error)."""
+    return entry.played or entry.record.latency_s is not None
 
 
 def _drop_first(index: dict, key: object, value: int) -> None:

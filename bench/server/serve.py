@@ -83,9 +83,15 @@ async def serve_until_signalled(server: BenchServer, host: str, banner: Callable
     silent = faults.never_fired()
     if silent:
         print(f"rules that never fired: {', '.join(silent)}", flush=True)
-    if log.dropped:
+    if log.spill_failure is not None:
+        print(f"request log: spilling to disk failed ({log.spill_failure}); {log.dropped} rows from seq "
+              f"{log.dropped_from} on were dropped, {len(log) - log.dropped} kept", flush=True)
+    elif log.dropped:
         print(f"request log: the first {log.dropped} rows were dropped, {len(log) - log.dropped} kept (without "
               f"--log-dir only the latest {log.window} stay)", flush=True)
+    if getattr(faults.log, "spill_failure", None) is not None:
+        print(f"fault log: spilling to disk failed ({faults.log.spill_failure}); {faults.log.dropped} events were "
+              f"dropped", flush=True)
     for line in written:
         print(line, flush=True)
     return 0

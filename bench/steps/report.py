@@ -18,10 +18,12 @@ def write_step_report(summary: dict[str, Any], folder: Path) -> list[Path]:
         return []
     import pandas as pd
 
+    from bench.records.atomic_write import atomic_path
     from bench.report.plots import _save
 
     rows = pd.DataFrame(steps["rows"])
-    rows.to_csv(folder / "steps.csv", index=False)
+    with atomic_path(folder / "steps.csv") as temporary:  # whole or not at all, as every report file (steps.png too)
+        rows.to_csv(temporary, index=False)
     return [_save(step_plot(rows, steps), folder / "steps.png")]
 
 

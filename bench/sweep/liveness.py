@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bench.isolation.proc_stat import read_stat
+
 KILLED = "killed"
 _START_SLACK_S = 5.0  # the sweep records `started` a little after its process started
 
@@ -22,26 +24,13 @@ def process_gone(summary: dict[str, Any]) -> bool | None:
         return None
     if not Path("/proc/self").exists():
         return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):  # a zombie is dead: its parent has not reaped it yet
+    stat = read_stat(pid)
+    if stat is None or stat.ended:  # a zombie is dead: its parent has not reaped it yet
         return True
     started = summary.get("started")
-    if isinstance(started, (int, float)):
-        process_started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-        if process_started > started + _START_SLACK_S:  # this pid is a later process's
-            return True
+    if isinstance(started, (int, float)) and stat.started > started + _START_SLACK_S:  # this pid is a later process's
+        return True
     return False
-
-
-def _boot_time() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return 0.0
 
 
 def effective_status(summary: dict[str, Any]) -> str:

@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from bench import __version__
 from bench.invariants import INVARIANTS
+from bench.records.atomic_write import write_text
 from bench.isolation.escapees import SWEEP_MARKER, descendants, kill_marked, new_marker
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import Plan
@@ -310,10 +311,9 @@ def run_pool(points: list[GridPoint], jobs: int, name: str, work: Callable[[Grid
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """Written whole, then renamed: a sweep killed meanwhile leaves the previous version, never half a file."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+    """Written whole, then renamed (`atomic_write`): a sweep killed meanwhile leaves the previous version, never half
+    a file; a full disk is a `WriteError` naming the file."""
+    write_text(path, text)
 
 
 def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seeds: list[int], out: str | Path,

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.records.atomic_write import atomic_path
 from bench.report.tables import parquet_available, read_tables
 from bench.records.sample import OUTCOMES
 
@@ -155,9 +156,10 @@ def write_sweep_tables(rows: list[dict[str, Any]], fault_rows: list[dict[str, An
 
 
 def _replace(path: Path, write: Any) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    write(partial)
-    os.replace(partial, path)
+    """`write(temporary)`, then renamed into place (`atomic_path`): whole or not at all, a `WriteError` naming
+    `path`."""
+    with atomic_path(path) as temporary:
+        write(temporary)
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
