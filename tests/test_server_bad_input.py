@@ -122,3 +122,22 @@ def test_an_input_too_deep_to_show_is_named_not_a_recursion_error() -> None:
         deep = [deep]
     text = validation_detail("bool_type", ("stream",), "Input should be a valid boolean", deep)
     assert "'input': '<nested too deep to show>'" in text and "('body', 'stream')" in text
+
+
+@pytest.mark.parametrize("method, path, allow", [("DELETE", "/generate", "POST,PUT"), ("PATCH", "/health", "GET,HEAD"),
+                                                 ("GET", "/bench/workers", "POST")])
+def test_a_405_lists_the_methods_the_path_takes(server: ServerThread, method: str, path: str, allow: str) -> None:
+    """The catch-all route that answers what no route takes (`http_guard.guard_routes`) names the path's methods as
+    aiohttp's router did when it answered them itself."""
+    reply = request(server.url, path, method=method, raw=b"")
+    assert (reply.status, reply.headers.get("allow"), reply.json()) == (405, allow, {"detail": "Method Not Allowed"})
+
+
+def test_the_request_guard_wraps_the_routes_not_the_app() -> None:
+    """No app middleware: with any, aiohttp adds a middleware chain and its own current-app layer to every request."""
+    from bench.server.app import create_app, load_context
+
+    app = create_app(load_context("rlvr-500"), control_token="secret")
+    assert list(app.middlewares) == []
+    handlers = {route.handler.__qualname__.split(".")[0] for route in app.router.routes()}
+    assert handlers == {"_guard_generation", "_guard_logged"}

@@ -24,7 +24,7 @@ from .admin import add_admin_routes
 from .bench_admin import add_bench_routes
 from .context import CONTEXT_KEY, ServerConfig, ServerContext
 from .control import CONTROL_TOKEN_KEY, control_token_for
-from .http_guard import LIMITS_KEY, PARSER_REFUSALS, GuardedSite, parser_refusal_logger, read_and_log
+from .http_guard import LIMITS_KEY, PARSER_REFUSALS, GuardedSite, guard_routes, parser_refusal_logger
 from .limits import Limits
 from .profiles import DEFAULT_PROFILE, get_profile
 from .router import add_router_routes
@@ -33,7 +33,7 @@ from .served import add_served_headers
 
 def create_app(ctx: ServerContext, control_token: str | None = None, limits: Limits = Limits()) -> web.Application:
     """The server's routes; with a `control_token`, `/bench/*` refuses requests without it (logged all the same)."""
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[read_and_log])
+    app = web.Application(client_max_size=limits.max_body_bytes)  # no middleware: `guard_routes` wraps the routes
     app[CONTEXT_KEY] = ctx
     app[LIMITS_KEY] = limits
     if control_token is not None:
@@ -53,6 +53,7 @@ def create_app(ctx: ServerContext, control_token: str | None = None, limits: Lim
     add_openai_routes(app)
     if ctx.upstream is not None:  # everything else is the engine's (admin routes, a router's own), unchanged
         app.router.add_route("*", "/{path:.*}", _forward)
+    guard_routes(app, control_token, catch_all=ctx.upstream is None)
     return app
 
 

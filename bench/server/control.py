@@ -46,15 +46,13 @@ def presented_token(request: web.Request) -> str:
     return value.strip() if kind.lower() == "bearer" else ""
 
 
-def control_refusal(request: web.Request) -> web.Response | None:
-    """The 401 for a `/bench/*` request without the control token, or None to go on. Asked from the head alone,
-    before the body is read (`http_guard.read_and_log`): a caller without the token cannot make the server read, hold
-    or wait for a body of any size."""
-    token = request.app.get(CONTROL_TOKEN_KEY)
-    if token is None or not request.path.startswith("/bench/"):
-        return None
-    if hmac.compare_digest(presented_token(request).encode(), token.encode()):
-        return None
+def token_matches(request: web.Request, token: str) -> bool:
+    """Whether the request carries the control token (compared in constant time)."""
+    return hmac.compare_digest(presented_token(request).encode(), token.encode())
+
+
+def token_refusal(request: web.Request) -> web.Response:
+    """The 401 a `/bench/*` request without the token gets (the request guard logs it like any other)."""
     return wire.json_response({"error": {
         "message": f"{request.path} needs the control token printed when the server started "
                    f"(header {CONTROL_HEADER}: <token>, or Authorization: Bearer <token>)",

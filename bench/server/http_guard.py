@@ -6,6 +6,7 @@
   and routes read the cached bytes. Bodies are taken as sent, never decompressed, as the engines' uvicorn does.
 - Requests outside the generation routes are logged here (those log themselves, with their identity); what no route
   takes is FastAPI's 404/405 JSON.
+- It wraps each route's handler (`guard_routes`, once at startup), not the app as a middleware: see there why.
 - What aiohttp's own HTTP parser refuses never reaches the app: an access logger logs those rows.
 - `GuardedSite` listens with a connection limit; aiohttp's keep-alive timeout closes a head that never completes.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -26,7 +27,7 @@ from bench.records.request_log import RequestRecord
 
 from . import wire
 from .context import CONTEXT_KEY, ServerContext
-from .control import control_refusal
+from .control import token_matches, token_refusal
 from .limits import ConnectionGuard, Limits
 from .router import GENERATION_ROUTES, no_workers
 
@@ -53,56 +54,112 @@ def parser_refusal_logger(ctx: ServerContext) -> type[AbstractAccessLogger]:
     return RefusedByParser
 
 
-@web.middleware
-async def read_and_log(request: web.Request, handler: Any) -> web.StreamResponse:
-    request[ROUTED_KEY] = True
-    arrived = time.time()
-    refused = control_refusal(request)
-    if refused is not None:  # from the head alone: the body of a request without the control token is never read
-        request.app[CONTEXT_KEY].log.append(RequestRecord(
-            started=arrived, endpoint=request.path, status=refused.status, latency_s=round(time.time() - arrived, 6),
-            error="no control token (or a wrong one) for /bench/*"))
-        return refused
-    if request.body_exists:
-        refusal = await _read_body(request)
-        if refusal is not None:
-            status, error, response = refusal
-            request.app[CONTEXT_KEY].log.append(RequestRecord(started=arrived, endpoint=request.path, status=status,
-                                                              error=error, latency_s=round(time.time() - arrived, 6)))
-            return response
-    if request.path in GENERATION_ROUTES and request.match_info.http_exception is None:
-        if not request.app[CONTEXT_KEY].state.workers_available:  # the bench took the router's only worker away
-            request.app[CONTEXT_KEY].log.append(RequestRecord(
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def guard_routes(app: web.Application, control_token: str | None = None, catch_all: bool = True) -> None:
+    """Put every route of `app` behind the guard, once, at startup (call it after the last route is added): a
+    wrapper per handler instead of an app middleware, because any middleware makes aiohttp build a middleware chain
+    and add its own current-app layer on every request. Unless a route already takes every path (upstream mode's
+    forwarding: `catch_all` False), a catch-all route registered last answers what no route takes (404, 405 with the allowed methods)
+    behind the same guard. With a `control_token`, `/bench/*` paths need it (checked on the request's path, as
+    before the route runs)."""
+    if catch_all:
+        app.router.add_route("*", "/{tail:.*}", _unmatched)
+    for route in app.router.routes():
+        resource = route.resource
+        path = resource.canonical if resource is not None else ""
+        guard = _guard_generation if path in GENERATION_ROUTES else _guard_logged
+        # aiohttp keeps a route's handler in `_handler` (what `route.handler` returns): replaced once, before serving
+        route._handler = guard(route.handler, control_token)  # type: ignore[attr-defined]
+
+
+def _guard_generation(handler: Handler, control_token: str | None) -> Handler:
+    """A generation route: the body read within the limits, the router's worker present; the route logs itself."""
+
+    async def generation(request: web.Request) -> web.StreamResponse:
+        request[ROUTED_KEY] = True
+        arrived = time.time()
+        if request.body_exists:
+            refusal = await _read_body(request)
+            if refusal is not None:
+                return _refused(request, arrived, refusal)
+        ctx = request.app[CONTEXT_KEY]
+        if not ctx.state.workers_available:  # the bench took the router's only worker away
+            ctx.log.append(RequestRecord(
                 started=arrived, endpoint=request.path, status=503, latency_s=round(time.time() - arrived, 6),
                 error="the router has no available workers (taken away by POST /bench/workers)"))
             return await no_workers(request)
         try:
             return await handler(request)
         except Exception as error:  # a bug: the log says so (the route may not have logged yet); aiohttp answers 500
-            request.app[CONTEXT_KEY].log.append(RequestRecord(
+            ctx.log.append(RequestRecord(
                 started=arrived, endpoint=request.path, status=500, latency_s=round(time.time() - arrived, 6),
                 error=f"{type(error).__name__}: {error}"))
             raise
-    record = RequestRecord(started=arrived, endpoint=request.path)
-    request.app[CONTEXT_KEY].log.append(record)
-    try:
-        response = await handler(request)
-    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as error:
-        record.status = error.status
-        headers = {"Allow": error.headers["Allow"]} if "Allow" in error.headers else None
-        return wire.json_response({"detail": error.reason}, error.status, headers=headers)
-    except web.HTTPException as error:
-        record.status = error.status
-        raise
-    except asyncio.CancelledError:
-        record.client_disconnected = True
-        raise
-    except Exception as error:  # a bug: the log says so, and aiohttp still answers 500 with the traceback logged
-        record.status, record.error = 500, f"{type(error).__name__}: {error}"
-        raise
-    finally:
-        record.latency_s = round(time.time() - arrived, 6)
-    record.status = response.status
+
+    return generation
+
+
+def _guard_logged(handler: Handler, control_token: str | None) -> Handler:
+    """Any other route (and the catch-all): the body read within the limits, a request-log row, FastAPI's JSON for
+    a 404 or 405, the control token on `/bench/*` when there is one."""
+
+    async def logged(request: web.Request) -> web.StreamResponse:
+        request[ROUTED_KEY] = True
+        arrived = time.time()
+        if control_token is not None and request.path.startswith("/bench/") and not token_matches(
+                request, control_token):  # from the head alone: a body without the token is never read or waited for
+            refused = token_refusal(request)
+            request.app[CONTEXT_KEY].log.append(RequestRecord(
+                started=arrived, endpoint=request.path, status=refused.status,
+                latency_s=round(time.time() - arrived, 6), error="no control token (or a wrong one) for /bench/*"))
+            return refused
+        if request.body_exists:
+            refusal = await _read_body(request)
+            if refusal is not None:
+                return _refused(request, arrived, refusal)
+        record = RequestRecord(started=arrived, endpoint=request.path)
+        request.app[CONTEXT_KEY].log.append(record)
+        try:
+            response: web.StreamResponse = await handler(request)
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as error:
+            record.status = error.status
+            headers = {"Allow": error.headers["Allow"]} if "Allow" in error.headers else None
+            return wire.json_response({"detail": error.reason}, error.status, headers=headers)
+        except web.HTTPException as error:
+            record.status = error.status
+            raise
+        except asyncio.CancelledError:
+            record.client_disconnected = True
+            raise
+        except Exception as error:  # a bug: the log says so, and aiohttp still answers 500 with the traceback logged
+            record.status, record.error = 500, f"{type(error).__name__}: {error}"
+            raise
+        finally:
+            record.latency_s = round(time.time() - arrived, 6)
+        record.status = response.status
+        return response
+
+    return logged
+
+
+async def _unmatched(request: web.Request) -> web.StreamResponse:
+    """What no other route takes: 405 with the methods the path's routes allow (as aiohttp's router says it), else
+    404."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is not request.match_info.route.resource:
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, allowed)
+    raise web.HTTPNotFound()
+
+
+def _refused(request: web.Request, arrived: float, refusal: tuple[int, str, web.Response]) -> web.Response:
+    status, error, response = refusal
+    request.app[CONTEXT_KEY].log.append(RequestRecord(started=arrived, endpoint=request.path, status=status,
+                                                      error=error, latency_s=round(time.time() - arrived, 6)))
     return response
 
 

@@ -52,8 +52,8 @@ async def set_workers(request: web.Request) -> web.Response:
 
 
 async def no_workers(request: web.Request) -> web.Response:
-    """A generation route's answer while the worker is taken away (the app's middleware asks `workers_available`
-    first: one middleware for the generation routes and the logged others, not two layers on every request)."""
+    """A generation route's answer while the worker is taken away (the request guard asks `workers_available` first,
+    `http_guard.guard_routes`: one layer on every generation request, not two)."""
     ctx = request.app[CONTEXT_KEY]
     await request.read()
     return transport.replacement_response(no_workers_answer(ctx.config.router_version,
