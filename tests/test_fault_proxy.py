@@ -302,7 +302,7 @@ def test_same_plan_same_events_at_any_concurrency(upstream: ServerThread) -> Non
 # -- refusals ------------------------------------------------------------------------------------------------------
 def test_every_fault_is_classified_for_live_engines() -> None:
     assert unclassified() == []
-    assert {name for name, (kind, _) in LIVE.items() if kind == REFUSED} == {"abort_all_on_weight_update"}
+    assert {name for name, (kind, _) in LIVE.items() if kind == REFUSED} == {"abort_all_on_weight_update", "hold_weights"}
 
 
 def test_unapplicable_faults_are_refused_by_name(upstream: ServerThread) -> None:
