@@ -270,11 +270,12 @@ class SlimeFamilyTarget:
         """The trainer side before step `job.step`: its weight sync with the engine (the bench server), as the
         framework's trainer makes it once the weights are loaded and after every training step; the version its
         trainer published. At step 0 the trainer first joins the engine's weight-update group."""
+        sync = weights.configured(self.framework.weight_sync, dict(job.options.get("args") or {}))
         if job.step == 0:  # a new run: a new trainer
             self.weight_version = 0
-            await weights.connect(job.base_url, self.framework.weight_sync)
+            await weights.connect(job.base_url, sync)
         self.weight_version += 1
-        await weights.publish(job.base_url, self.framework.weight_sync, str(self.weight_version))
+        await weights.publish(job.base_url, sync, str(self.weight_version))
         return str(self.weight_version)
 
     def warm_up(self, options: dict[str, Any]) -> None:

@@ -11,9 +11,12 @@ slime at 624b824, `UpdateWeightFromDistributed`; miles 0.0.2, the same class in 
   - slime: `POST /pause_generation {}`, `GET /flush_cache` (asked again 1 s later while the engine refuses it, 60
     times at most), `POST /update_weights_from_distributed` per bucket of tensors (`names`, `dtypes`, `shapes`,
     `group_name`, `flush_cache` false, `weight_version`), `POST /continue_generation {}`;
-  - miles: `POST /pause_generation {"mode": "retract"}` (its `--pause-generation-mode` default), `GET /flush_cache`
-    (asked again at once while refused, 60 times at most), the same update calls, `POST /post_process_weights`
-    (`post_process_quantization` true: miles calls it after every update), `POST /continue_generation {}`.
+  - miles: `POST /pause_generation {"mode": "retract"}` (`--pause-generation-mode`, `retract` by default),
+    `GET /flush_cache` unless the mode is `in_place` (asked again at once while refused, 60 times at most), the same
+    update calls, `POST /post_process_weights` (`post_process_quantization` true: miles calls it after every
+    update), `POST /continue_generation {}`. A retract pause puts running requests back in the waiting queue, and
+    upstream SGLang refuses a flush while any request waits: requests a step left behind make the next sync fail
+    with a `TimeoutError` (miles' fork of SGLang lets a paused engine flush).
 
 The trainer addresses each engine directly, never its router; the bench's server is both, so the calls go to the
 job's server. No weights are sent (CPU, no model): one update call carries the new version and empty `names`,
@@ -24,7 +27,7 @@ job's server. No weights are sent (CPU, no model): one update call carries the n
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -39,12 +42,21 @@ class WeightSync:
 
     group_name: str  # the weight-update process group (pipeline rank 0's)
     pause: dict[str, Any] = field(default_factory=dict)  # the body of /pause_generation
+    flush: bool = True  # /flush_cache after the pause (miles: not after an `in_place` one)
     flush_retry_s: float = 1.0  # the wait before asking /flush_cache again once it refused
     post_process: bool = False  # /post_process_weights after the update (miles)
 
 
 SLIME = WeightSync("slime-pp_0")
 MILES = WeightSync("miles-pp_0", pause={"mode": "retract"}, flush_retry_s=0.0, post_process=True)
+
+
+def configured(sync: WeightSync, args: dict[str, Any]) -> WeightSync:
+    """`sync` under the run's framework arguments (the `args` target option): miles' `pause_generation_mode`."""
+    mode = args.get("pause_generation_mode")
+    if mode is None or "mode" not in sync.pause:  # slime pauses without a mode (the engine's default, abort)
+        return sync
+    return replace(sync, pause={"mode": mode}, flush=mode != "in_place")
 
 
 async def connect(base_url: str, sync: WeightSync) -> None:
@@ -59,7 +71,8 @@ async def publish(base_url: str, sync: WeightSync, version: str) -> None:
     """One weight update: pause, flush, the update carrying `version`, (post-process,) continue."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as http:
         await _post(http, base_url, "/pause_generation", sync.pause)
-        await _flush(http, base_url, sync)
+        if sync.flush:
+            await _flush(http, base_url, sync)
         await _post(http, base_url, "/update_weights_from_distributed", {
             "names": [], "dtypes": [], "shapes": [], "group_name": sync.group_name, "flush_cache": False,
             "weight_version": version})
