@@ -42,7 +42,7 @@ class StepState:
     weight_version: str
     held_by: list[str] = field(default_factory=list)  # `hold_weights` rules that kept the previous version
     rules: list[str] = field(default_factory=list)  # the plan's rules in force during the step
-    began: float | None = None  # unix time the worker started the step's rollout (its `prepare` included)
+    began: float | None = None  # unix time the worker started the step (after the adapter's weight sync; `prepare` in)
     returned: float | None = None  # unix time (the worker's clock: the same machine) the rollout returned
     error: ErrorInfo | None = None
     resources: dict[str, Any] | None = None
@@ -105,7 +105,8 @@ class StepBoard:
             state.weight_version = str(step)
         elif step == 0 and not held:
             state.weight_version = "0"
-        current = StepState(step, time.time(), state.weight_version, held, [rule.name for rule in rules])
+        current = StepState(step, time.time(), state.weight_version, held, [rule.name for rule in rules],
+                            published_by=BENCH if publish else ADAPTER)  # step 0's: known from its report
         self.states.append(current)
         return current
 
