@@ -161,6 +161,57 @@ def test_weights_advance_per_step_unless_a_plan_holds_them() -> None:
     assert by_step == {0: {"0"}, 1: {"1"}, 2: {"1"}, 3: {"1"}, 4: {"4"}}
 
 
+SYNC = ["/pause_generation", "/flush_cache", "/update_weights_from_tensor", "/continue_generation"]
+
+
+def _admin_calls(result: RunResult) -> list[str]:
+    """The requests that named no trajectory (the trainer side's admin calls), the step reports apart."""
+    return [q.endpoint for q in result.requests if q.trajectory is None and q.endpoint != "/bench/step"]
+
+
+def test_an_adapter_publishing_its_own_weights_drives_the_version_and_a_forgotten_sync_is_caught() -> None:
+    """ref-step-weights' trainer side publishes each step's weights through the admin routes (pause, flush,
+    update with the version, continue). The bench then publishes nothing: the unfixed trainer, which skips its
+    sync before step 2, has step 2 served v1 (the bench would have published v2) while it trains as v2."""
+    fixed = _run("ref-step-weights:fixed")
+    assert fixed.violations == [], [v.message for v in fixed.violations]
+    rows = fixed.steps["rows"]  # type: ignore[index]
+    assert [(r["published_by"], r["trainer_version"], r["weight_version"]) for r in rows] == [
+        ("adapter", str(k), str(k)) for k in range(K)]
+    assert [row["versions_served"] for row in rows] == [[str(k)] for k in range(K)]
+    assert _admin_calls(fixed) == SYNC * K  # each step's sync, in the trainer's order, before the step's requests
+    step_of = {r.trajectory: r.step for r in fixed.records}
+    synced = [q.started for q in fixed.requests if q.endpoint == "/continue_generation"]
+    assert all(q.started > synced[step_of[q.trajectory]] for q in fixed.requests if q.trajectory in step_of)
+    unfixed = _run("ref-step-weights:unfixed")
+    assert _names(unfixed) == ["step_weights"], [v.message for v in unfixed.violations]
+    evidence = unfixed.violations[0].evidence
+    assert (evidence["step"], evidence["trainer_version"], evidence["server_version"]) == (2, "2", "1")
+    assert evidence["versions_served"] == ["1"] and evidence["admin_requests"] == []  # no sync was sent
+    assert "weights not updated for step 2" in unfixed.violations[0].message
+    rows = unfixed.steps["rows"]  # type: ignore[index]
+    assert [row["weight_version"] for row in rows] == ["0", "1", "1", "3", "4"]
+    assert [row["max_lag"] for row in rows] == [0, 0, 1, 0, 0]  # step 2 trained as v2 on what v1 generated
+    assert unfixed.steps["first_violation"]["step"] == 2  # type: ignore[index]
+
+
+def test_a_held_step_keeps_the_adapters_update_out() -> None:
+    """Under `hold_weights` the update routes answer as usual and change nothing during the rule's steps: the
+    trainer moves on, the server keeps v1, and what steps 2 and 3 train on lags behind the trainer's weights."""
+    held = _run("ref-step-weights:fixed", "hold_weights:steps=2-3")
+    rows = held.steps["rows"]  # type: ignore[index]
+    assert [row["weight_version"] for row in rows] == ["0", "1", "1", "1", "4"]
+    assert [row["updates_kept_out"] for row in rows] == [0, 0, 1, 1, 0]
+    assert [row["max_lag"] for row in rows] == [0, 0, 1, 2, 0]
+    weights = [v for v in held.violations if v.invariant == "step_weights"]
+    assert [v.evidence["step"] for v in weights] == [2, 3]
+    assert all(v.evidence["held_by"] == ["hold_weights#0"] for v in weights)
+    assert [u["endpoint"] for u in weights[0].evidence["ignored_updates"]] == ["/update_weights_from_tensor"]
+    assert "kept out by hold_weights#0" in weights[0].message
+    assert _names(held) == ["step_lag", "step_weights", "step_weights"]  # step 3: 2 versions behind, past 1
+    assert _admin_calls(held) == SYNC * K  # every sync was sent and answered
+
+
 def test_a_rule_scheduled_by_step_fires_only_in_its_steps() -> None:
     result = _run("ref-gather:fixed", "missing_logprobs:p=1,steps=1,3", steps=4)
     steps_hit = {result.steps and next(r.step for r in result.records if r.trajectory == e.trajectory)

@@ -7,6 +7,11 @@ submits nothing and waits on no task, `ValueError: Set of Tasks/Futures is empty
 behind: step 2's trajectories rerun alone in a fresh worker complete. The patched rollout keeps a placeholder
 for the trajectory that raised; all three steps complete.
 
+The adapter is the trainer side too: before each step it makes the weight sync the framework's trainer makes
+with its engines, through the server's admin routes, and the replies carry the trainer's versions (slime numbers
+them from 1: its trainer pushes once before the first rollout). A `hold_weights` rule keeps one sync out: the
+step is served the old version and `step_weights` says so.
+
 Needs the miles environment (make targets), and for slime a checkout (`ROLLOUT_BENCH_SLIME_PATH`) and an
 environment to run it; each test skips saying which is missing.
 """
@@ -37,8 +42,21 @@ FRAMEWORKS = {
 }
 
 
-def _run(target: str, python: str | None, options: dict[str, object]) -> RunResult:
-    config = RunConfig(trace="agentic-500", plan=plan_from_specs([CRASH], 0), target=target, n=8, steps=3,
+# the trainer's weight sync, in its order (`bench/targets/frameworks/slime/weights.py`): joining the engine's
+# weight-update group once, then before every step pause, flush, update (miles: post-process), continue
+SYNC = {"miles": ["/pause_generation", "/flush_cache", "/update_weights_from_distributed", "/post_process_weights",
+                  "/continue_generation"],
+        "slime": ["/pause_generation", "/flush_cache", "/update_weights_from_distributed", "/continue_generation"]}
+WEIGHT_ROUTES = {"/init_weights_update_group", *SYNC["miles"]}
+# what step 2 fails on after step 1 crashed: slime's pause aborts what step 1 left running, so its sync goes
+# through and the rollout meets the dirtied singleton; miles' pause retracts it into the waiting queue, which
+# keeps SGLang from flushing, and its sync gives up (miles asks again at once, 60 times)
+STEP_2_ERROR = {"slime": ("ValueError", "Set of Tasks/Futures is empty"),
+                "miles": ("TimeoutError", "/flush_cache refused 60 times")}
+
+
+def _run(target: str, python: str | None, options: dict[str, object], fault: str = CRASH) -> RunResult:
+    config = RunConfig(trace="agentic-500", plan=plan_from_specs([fault], 0), target=target, n=8, steps=3,
                        on_step_failure="continue", python=python, watchdog_s=120.0, time_scale=0.05,
                        target_options=options)
     result = asyncio.run(run(config))
@@ -52,11 +70,11 @@ def test_a_crashed_step_leaves_the_next_one_failing(framework: str, python: str,
     result = _run(f"{framework}:unfixed", python, options)
     assert result.steps is not None and result.steps["ran"] == 3
     errors = [row["error"] and row["error"].split(":")[0] for row in result.steps["rows"]]
-    assert errors == [None, "InjectedFault", "ValueError"]
+    assert errors == [None, "InjectedFault", STEP_2_ERROR[framework][0]]
     assert [row["requests"] for row in result.steps["rows"]][2] == 0  # step 2 asked the server for nothing
     carried = [v for v in result.violations if v.invariant == "step_carryover"]
     assert [(v.evidence["step"], v.evidence["after_step"]) for v in carried] == [(2, 1)]
-    assert "Set of Tasks/Futures is empty" in carried[0].evidence["error"]["message"]
+    assert STEP_2_ERROR[framework][1] in carried[0].evidence["error"]["message"]
     assert carried[0].evidence["fresh_process"]["verdict"] == "passes in a fresh process: carried over"
     assert result.steps["first_violation"]["step"] == 1  # the crash itself (batch_survival: seed-000's bug)
 
@@ -69,4 +87,29 @@ def test_the_patched_rollout_runs_every_step(framework: str, python: str, option
     assert [row["error"] for row in rows] == [None, None, None]
     assert [row["n_completed"] + row["n_aborted"] for row in rows] == [8, 8, 8]
     assert rows[1]["n_aborted"] == 1  # the placeholder for the trajectory whose post-processing raised
-    assert [row["versions_served"] for row in rows] == [["0"], ["1"], ["2"]]
+    assert [row["versions_served"] for row in rows] == [["1"], ["2"], ["3"]]  # the trainer's, not the bench's
+    assert [(row["published_by"], row["trainer_version"], row["weight_version"]) for row in rows] == [
+        ("adapter", "1", "1"), ("adapter", "2", "2"), ("adapter", "3", "3")]
+    calls = [q.endpoint for q in result.requests if q.endpoint in WEIGHT_ROUTES]
+    assert calls == ["/init_weights_update_group"] + SYNC[framework] * 3
+    step_of = {r.trajectory: r.step for r in result.records}
+    synced = [q.started for q in result.requests if q.endpoint == "/continue_generation"]
+    assert all(q.started > synced[step_of[q.trajectory]] for q in result.requests if q.trajectory in step_of)
+
+
+@pytest.mark.parametrize("framework, python, options", FRAMEWORKS.values(), ids=list(FRAMEWORKS))
+def test_a_held_weight_sync_is_caught(framework: str, python: str, options: dict[str, object]) -> None:
+    """The trainer's sync before step 1 is answered and not applied: step 1 is served v1 while it trains as v2."""
+    result = _run(f"{framework}:patched", python, options, fault="hold_weights:steps=1")
+    rows = result.steps["rows"]  # type: ignore[index]
+    assert [row["versions_served"] for row in rows] == [["1"], ["1"], ["3"]]
+    assert [row["updates_kept_out"] for row in rows] == [0, 1, 0]
+    assert [row["max_lag"] for row in rows] == [0, 1, 0]
+    weights = [v for v in result.violations if v.invariant == "step_weights"]
+    # without the crash, the framework's connection pool fills over these 3 steps (7, 11, 12 sockets with miles,
+    # the adapter's sync or not): the growth check may count that, nothing else may be found
+    others = {(v.invariant, v.evidence.get("resource")) for v in result.violations if v.invariant != "step_weights"}
+    assert len(weights) == 1 and others <= {("step_resources", "sockets")}, [v.message for v in result.violations]
+    evidence = weights[0].evidence
+    assert (evidence["step"], evidence["trainer_version"], evidence["server_version"]) == (1, "2", "1")
+    assert [u["endpoint"] for u in evidence["ignored_updates"]] == ["/update_weights_from_distributed"]

@@ -100,11 +100,21 @@ async def get_weight_version(request: web.Request) -> web.Response:
     return wire.json_response({"detail": "Not Found"}, 404)
 
 
+def _held(ctx: ServerContext, endpoint: str, version: str | None) -> bool:
+    """Is a weight update kept out? During a step of a multi-step run that a `hold_weights` rule names, the
+    update routes answer as usual and change nothing (no new version, no abort): a sync that did not happen
+    (`bench.steps.board.StepBoard.hold` records it on the step)."""
+    return ctx.steps is not None and bool(ctx.steps.hold(endpoint, version))
+
+
 async def update_weight_version(request: web.Request) -> web.Response:
     ctx = context_of(request)
     body = await _json_body(request)
     new = _field(body, "new_version", "str", required=True)
     abort_all = _field(body, "abort_all_requests", "bool", True)
+    if _held(ctx, request.path, new):
+        return wire.json_response({"success": True, "message": f"Weight version updated to {new}",
+                                   "new_version": new})
     ctx.weight_update(request.path)
     if abort_all:
         ctx.state.abort(abort_all=True)
@@ -118,6 +128,8 @@ async def _update_weights(request: web.Request, message: str, extra: dict[str, A
     abort_all = _field(body, "abort_all_requests", "bool", False)
     version = _field(body, "weight_version", "str")
     _field(body, "model_path", "str")
+    if _held(ctx, request.path, version):
+        return wire.json_response({"success": True, "message": message} | extra)
     ctx.weight_update(request.path)
     if abort_all:
         ctx.state.abort(abort_all=True)
@@ -132,6 +144,14 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
 
 async def update_weights_online(request: web.Request) -> web.Response:
     return await _update_weights(request, "Succeeded to update parameter online.", {})
+
+
+async def post_process_weights(request: web.Request) -> web.Response:
+    """slime's patched server (0.5.15.post1; miles calls it after every weight update): nothing to post-process here."""
+    body = await _json_body(request)
+    for key in ("restore_weights_before_load", "post_process_quantization", "post_load_weights"):
+        _field(body, key, "bool")
+    return wire.json_response({"success": True, "message": "Success"})
 
 
 async def weights_update_group(request: web.Request) -> web.Response:
@@ -254,6 +274,7 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
     app.router.add_post("/update_weights_from_distributed", update_weights_online)
     app.router.add_post("/update_weights_from_tensor", update_weights_online)
+    app.router.add_post("/post_process_weights", post_process_weights)
     app.router.add_post("/init_weights_update_group", weights_update_group)
     app.router.add_post("/destroy_weights_update_group", weights_update_group)
     app.router.add_post("/release_memory_occupation", memory_occupation)

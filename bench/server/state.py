@@ -7,11 +7,14 @@ here with a wake-up event that `/abort_request` and `/pause_generation` set.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 _IDLE_POLL_S = 0.1  # how often a hold looks at whether anything else is still generating
+VERSION_HISTORY = 4096  # weight-version changes kept (`version_at`): a long-lived server keeps the latest
 
 
 @dataclass
@@ -28,6 +31,8 @@ class ServerState:
     def __init__(self, weight_version: str = "default") -> None:
         self._weight_version = weight_version
         self._version_changed = asyncio.Event()  # set, and replaced, on every change
+        # (unix time, version) of every change, oldest first: which weights a moment was served (`version_at`)
+        self.version_history: deque[tuple[float, str]] = deque([(time.time(), weight_version)], VERSION_HISTORY)
         self.last_generation = time.monotonic()  # when a generation last started or ended
         self.running = asyncio.Event()
         self.running.set()
@@ -43,8 +48,15 @@ class ServerState:
     @weight_version.setter
     def weight_version(self, version: str) -> None:
         self._weight_version = version
+        self.version_history.append((time.time(), version))
         changed, self._version_changed = self._version_changed, asyncio.Event()
         changed.set()
+
+    def version_at(self, moment: float) -> str:
+        """The weight version current at unix time `moment` (the oldest one kept, for a moment before it)."""
+        history = list(self.version_history)
+        index = bisect.bisect_right([when for when, _ in history], moment)
+        return history[max(index - 1, 0)][1]
 
     def idle_for(self) -> float:
         """Seconds nothing has been generating (0 while something is)."""

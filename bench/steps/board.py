@@ -6,9 +6,15 @@ weights: the server's weight version becomes the step's number, the way a traine
 the plan's `abort_all_on_weight_update` rules acting on it as on any weight update. A `hold_weights` rule for
 the step keeps the previous version instead. Served replies carry the version current when they were generated.
 
+An adapter that drives the trainer side (`update_weights(job)`, called by the worker before each step) publishes
+the weights itself, through the server's admin routes, as its framework's trainer does: the board then publishes
+nothing after step 0, and a step's weights are what the server held when its rollout began (`version_at`), beside
+the version the adapter says its trainer published. During a step a `hold_weights` rule names, the server's weight
+update routes answer as usual but leave the version where it was (`hold`): the sync did not happen.
+
 The worker reports each step's end on `POST /bench/step` (`loop.post_step`): when the rollout returned, its error
-if it raised, and what the process held afterwards. The board then starts the next step and answers, so the
-worker never starts a step before its weights are published.
+if it raised, who published its weights, and what the process held afterwards. The board then starts the next step
+and answers, so the worker never starts a step before its weights are published.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from bench.records.sample import ErrorInfo
 from faults import Plan
 
 HOLD_WEIGHTS = "hold_weights"
+BENCH, ADAPTER = "bench", "adapter"  # who published a step's weights
 
 
 @dataclass
@@ -35,14 +42,23 @@ class StepState:
     weight_version: str
     held_by: list[str] = field(default_factory=list)  # `hold_weights` rules that kept the previous version
     rules: list[str] = field(default_factory=list)  # the plan's rules in force during the step
-    began: float | None = None  # unix time the worker started the step's rollout (its `prepare` included)
+    began: float | None = None  # unix time the worker started the step (after the adapter's weight sync; `prepare` in)
     returned: float | None = None  # unix time (the worker's clock: the same machine) the rollout returned
     error: ErrorInfo | None = None
     resources: dict[str, Any] | None = None
+    published_by: str = BENCH  # ADAPTER: the adapter's trainer side published them through the admin routes
+    trainer_version: str | None = None  # the version the adapter's trainer says it published for the step
+    ignored_updates: list[dict[str, Any]] = field(default_factory=list)  # weight updates a `hold_weights` rule kept out
 
     @property
     def ended(self) -> bool:
         return self.returned is not None
+
+    @property
+    def trainer_weights(self) -> str:
+        """The weights the step's trainer holds, what a sample it trains on lags behind: the version the adapter's
+        trainer published (whether or not it reached the server), else the one the bench published or held."""
+        return self.trainer_version if self.trainer_version is not None else self.weight_version
 
 
 def plan_for_step(plan: Plan | None, step: int) -> Plan | None:
@@ -75,20 +91,22 @@ class StepBoard:
         worker is told so and returns; it is being killed anyway)."""
         self.closed = True
 
-    def begin(self, step: int) -> StepState:
-        """Start `step`: its rules in the server's plan, its weights published (unless a rule holds them)."""
+    def begin(self, step: int, publish: bool = True) -> StepState:
+        """Start `step`: its rules in the server's plan, its weights published (unless a rule holds them, or the
+        adapter publishes them itself: `publish=False`)."""
         step_plan = plan_for_step(self.plan, step)
         if step_plan is not None and step_plan is not self.context.faults.plan:
             self.context.faults.swap(step_plan, keep_clock=True)  # a window counts from the run's start
         rules = list(step_plan.rules) if step_plan is not None else []
         held = [rule.name for rule in rules if rule.fault.name == HOLD_WEIGHTS]
         state = self.context.state
-        if step > 0 and not held:
+        if step > 0 and not held and publish:
             self.context.weight_update("/bench/step")  # abort_all_on_weight_update rules act on it
             state.weight_version = str(step)
         elif step == 0 and not held:
             state.weight_version = "0"
-        current = StepState(step, time.time(), state.weight_version, held, [rule.name for rule in rules])
+        current = StepState(step, time.time(), state.weight_version, held, [rule.name for rule in rules],
+                            published_by=BENCH if publish else ADAPTER)  # step 0's: known from its report
         self.states.append(current)
         return current
 
@@ -107,10 +125,24 @@ class StepBoard:
         current.error = None if error is None else ErrorInfo(str(error.get("type")), str(error.get("message")),
                                                              str(error.get("traceback", "")), error.get("trajectory"))
         current.resources = report.get("resources")
+        weights = report.get("weights")
+        if isinstance(weights, dict) and weights.get("by") == ADAPTER:
+            version = weights.get("version")
+            current.published_by, current.trainer_version = ADAPTER, None if version is None else str(version)
+            current.weight_version = self.context.state.version_at(current.began)  # after the adapter's update
         if report.get("last") or step + 1 >= self.steps:
             return {"next": None}
-        following = self.begin(step + 1)
+        following = self.begin(step + 1, publish=current.published_by != ADAPTER)
         return {"next": following.step, "weight_version": following.weight_version}
+
+    def hold(self, endpoint: str, version: str | None) -> list[str]:
+        """A weight update arriving on the server's admin route `endpoint`: the `hold_weights` rules of the running
+        step, which keep it from taking effect (recorded on the step), or [] when it goes through."""
+        if self.closed or not self.states or not self.states[-1].held_by:
+            return []
+        current = self.states[-1]
+        current.ignored_updates.append({"endpoint": endpoint, "weight_version": version, "at": time.time()})
+        return current.held_by
 
     def ran(self) -> int:
         """How many steps started."""

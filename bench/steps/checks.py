@@ -13,6 +13,11 @@
 - `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault
   reached (or naming none): what the earlier failure left behind (a dirtied singleton, a half-closed client) is
   the first suspect. The evidence has both errors and what the process held after each.
+- `step_weights`: a step whose weights the adapter's trainer side published (`update_weights`) but the server did
+  not serve: the version the server held when the step's rollout began is not the one the trainer says it
+  published (an update never sent, refused, or kept out by a `hold_weights` rule). The evidence has both versions,
+  what the step was served, and the requests without a trajectory (the trainer's admin calls) that reached the
+  server between the previous step's return and the step's start.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from bench.records.request_log import RequestRecord
 from bench.records.sample import SampleRecord
 from faults import FaultEvent
 
-from .board import StepBoard, StepState
+from .board import ADAPTER, StepBoard, StepState
 
 COUNTED = ("tasks", "threads", "sockets", "fds", "children")  # sockets before fds: see `resource_growth`
 RSS_BOUND_BYTES = 64 * 1024 * 1024
@@ -34,7 +39,8 @@ _LISTED = 5
 
 
 def check_steps(board: StepBoard, requests: list[RequestRecord], fault_events: list[FaultEvent]) -> list[Violation]:
-    return [*resource_growth(board.states), *late_requests(board, requests), *carryover(board.states, fault_events)]
+    return [*resource_growth(board.states), *late_requests(board, requests), *carryover(board.states, fault_events),
+            *weights_not_served(board, requests)]
 
 
 def _measured(states: list[StepState], key: str) -> list[tuple[int, Any]]:
@@ -148,6 +154,35 @@ def _counts(state: StepState) -> dict[str, Any] | None:
     return {key: state.resources.get(key) for key in (*COUNTED, "rss_bytes")}
 
 
+def weights_not_served(board: StepBoard, requests: list[RequestRecord]) -> list[Violation]:
+    """Steps the adapter's trainer published weights for that the server did not hold when the step began."""
+    out = []
+    for index, state in enumerate(board.states):
+        if state.published_by != ADAPTER or state.trainer_version is None or state.began is None \
+                or state.trainer_version == state.weight_version:
+            continue
+        since = (board.states[index - 1].returned or 0.0) if index > 0 else 0.0
+        calls = [{"endpoint": q.endpoint, "status": q.status, "seq": q.seq} for q in requests
+                 if q.trajectory is None and not q.endpoint.startswith("/bench/") and since <= q.started <= state.began]
+        served = sorted({q.weight_version for q in requests if board.step_of.get(q.trajectory or "") == state.step
+                         and q.weight_version is not None})
+        why = (f"kept out by {', '.join(state.held_by)}: {len(state.ignored_updates)} update "
+               f"request{'s' if len(state.ignored_updates) != 1 else ''} answered, not applied"
+               if state.ignored_updates else
+               f"no update took effect ({', '.join(c['endpoint'] for c in calls)} reached the server)" if calls else
+               "no admin request reached the server before the step")
+        out.append(Violation(
+            "step_weights", None,
+            f"weights not updated for step {state.step}: the trainer published v{state.trainer_version}, the server "
+            f"still held v{state.weight_version} when the step began ({why}); the step was served "
+            f"{', '.join(f'v{v}' for v in served) or 'nothing'}",
+            {"check": "weights", "step": state.step, "first_step": state.step,
+             "trainer_version": state.trainer_version, "server_version": state.weight_version,
+             "versions_served": served, "held_by": state.held_by, "ignored_updates": state.ignored_updates,
+             "admin_requests": calls[:3 * _LISTED]}))
+    return out
+
+
 _TRAINED = ("completed", "truncated")
 
 
@@ -162,13 +197,13 @@ def lag_bound(board: StepBoard, records: list[SampleRecord], consumed: dict[str,
         step = consumed.get(record.trajectory)
         state = by_step.get(step) if step is not None else None
         versions = [int(v) for v in record.weight_versions if v.isdigit()]
-        if record.outcome not in _TRAINED or state is None or not versions or not state.weight_version.isdigit():
+        if record.outcome not in _TRAINED or state is None or not versions or not state.trainer_weights.isdigit():
             continue
-        lag = int(state.weight_version) - min(versions)
+        lag = int(state.trainer_weights) - min(versions)
         if lag > bound:
             late.setdefault(state.step, []).append({
                 "trajectory": record.trajectory, "generated_in_step": record.step, "trained_in_step": state.step,
-                "weight_versions": record.weight_versions, "step_weights": state.weight_version, "lag": lag})
+                "weight_versions": record.weight_versions, "step_weights": state.trainer_weights, "lag": lag})
     out = []
     for step, samples in sorted(late.items()):
         worst = max(samples, key=lambda s: s["lag"])
@@ -176,7 +211,7 @@ def lag_bound(board: StepBoard, records: list[SampleRecord], consumed: dict[str,
             "step_lag", worst["trajectory"],
             f"step {step} trained on {len(samples)} samples more than {bound} version{'s' if bound != 1 else ''} "
             f"behind its weights "
-            f"(v{by_step[step].weight_version}); the oldest was served v{min(worst['weight_versions'], key=int)} "
+            f"(v{by_step[step].trainer_weights}); the oldest was served v{min(worst['weight_versions'], key=int)} "
             f"in step {worst['generated_in_step']} (lag {worst['lag']})",
             {"check": "lag", "step": step, "first_step": step, "bound": bound, "count": len(samples),
              "max_lag": worst["lag"], "samples": sorted(samples, key=lambda s: -s["lag"])[:_LISTED]},

@@ -6,6 +6,11 @@ every step, so a framework that keeps state across steps keeps it. After each st
 bench's server, written with asyncio streams (no thread, no HTTP library: nothing the measurement of the next
 step would count). The bench answers once it has published the next step's weights. A step that raised ends the
 run under `on_step_failure = "stop"`; under `"continue"` the next step runs, in the same process.
+
+An adapter that drives its framework's trainer side has `async update_weights(job)`: it is awaited before every
+step (step 0 too: a trainer pushes its weights before the first rollout), makes the admin calls the framework's
+trainer makes (pause, flush, update, continue) and returns the weight version its trainer published. The report
+then says the adapter published (`weights`), and the bench leaves the server's version to those calls.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
     `measure`: take the process's resources after each step (a worker; an inline run shares the bench's process,
     whose resources are not the target's). `on_prepared`: called once the first step's `prepare` is done."""
     prepare = getattr(target, "prepare", None)
+    publish = getattr(target, "update_weights", None)  # the adapter drives the trainer side (its weight syncs)
     own = {task for task in (asyncio.current_task(),) if task is not None}
     running = [0]
 
@@ -70,7 +76,11 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
         step_job = job.for_step(step)
         started = time.time()
         error: ErrorInfo | None = None
+        trainer_version: str | None = None
         try:
+            if publish is not None:
+                trainer_version = await published(target, publish, step_job)
+                started = time.time()  # the step's weights are what the server holds from here
             if prepare is not None:  # per step: `run` owns the teardown of what `prepare` started
                 await asyncio.to_thread(prepare, step_job)
             if step == 0 and on_prepared is not None:
@@ -91,6 +101,16 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
             "step": step, "started": started, "returned": returned, "last": last,
             "error": None if error is None else {"type": error.type, "message": error.message,
                                                  "traceback": error.traceback, "trajectory": error.trajectory},
+            "weights": None if publish is None else {"by": "adapter", "version": trainer_version},
             "resources": snapshot(own) if measure else None})
         if last or answer.get("next") is None:  # the bench stopped the run (it gave up waiting): no next step
             return
+
+
+async def published(target: Any, update_weights: Callable[[RolloutJob], Any], job: RolloutJob) -> str | None:
+    """The adapter's weight sync for `job.step`; the version its trainer published (a str, or None: not said)."""
+    version = await exits_as_errors(update_weights(job))
+    if version is not None and not isinstance(version, str):
+        raise TypeError(f"target {target.name!r}: update_weights(job) must return the published weight version "
+                        f"as a str (or None), got {version!r}")
+    return version

@@ -81,8 +81,12 @@ def step_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
         outcomes = ", ".join(f"{o} {row[f'n_{o}']}" for o in OUTCOME_COLUMNS if row[f"n_{o}"])
         held = ", ".join(f"{key} {row[key]}" for key in RESOURCE_COLUMNS if row.get(key) is not None)
         rss = f", rss {row['rss_mb']} MiB" if row.get("rss_mb") is not None else ""
+        by_adapter = row.get("published_by") == "adapter"
+        trainer = row.get("trainer_version")
         weights = f"v{row['weight_version']}" + (f" (held by {', '.join(row['weights_held_by'])})"
-                                                 if row["weights_held_by"] else "")
+                                                 if row["weights_held_by"] else "") + (
+            "" if not by_adapter else " by the adapter" if trainer in (None, row["weight_version"])
+            else f" by the adapter, whose trainer published v{trainer}")
         lag = f", lag {row['max_lag']}" if row.get("max_lag") else ""
         lines.append((f"  step {row['step']}", f"{weights}{lag}: {row['samples']} samples ({outcomes or 'none'}), "
                       f"{row['requests']} requests" + (f" ({row['late_requests']} after it returned)"

@@ -14,7 +14,8 @@ from .checks import COUNTED
 def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[RequestRecord],
               consumed: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """One row per step that started: samples and outcomes, drop rate, throughput, requests (late ones apart),
-    the weight version served, the lag of what the step trained on (`consumed`: the step each record was handed
+    the weight version the step began with and who published it (the bench, or the adapter's trainer side with
+    the version its trainer published), the lag of what the step trained on (`consumed`: the step each record was handed
     over in; default its trajectory's step), and the worker's resources after the step."""
     consumed = consumed or {}
     rows = []
@@ -27,7 +28,9 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
         finished = outcomes["completed"] + outcomes["truncated"]
         resources = state.resources or {}
         rows.append({
-            "step": state.step, "weight_version": state.weight_version, "weights_held_by": state.held_by,
+            "step": state.step, "weight_version": state.weight_version, "published_by": state.published_by,
+            "trainer_version": state.trainer_version, "weights_held_by": state.held_by,
+            "updates_kept_out": len(state.ignored_updates),
             "samples": len(mine), **{f"n_{o}": n for o, n in outcomes.items()},
             "drop_rate": round(sum(outcomes[o] for o in DROPPED_OUTCOMES) / len(mine), 4) if mine else None,
             "duration_s": None if duration is None else round(duration, 3),
@@ -37,7 +40,7 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
             "late_requests": sum(1 for q in asked if state.returned is not None and q.started > max(
                 state.returned, following.get(state.step, 0.0))),
             "versions_served": sorted({q.weight_version for q in asked if q.weight_version is not None}),
-            "max_lag": _max_lag(state.weight_version, [r for r in records
+            "max_lag": _max_lag(state.trainer_weights, [r for r in records
                                                        if consumed.get(r.trajectory, r.step) == state.step]),
             "error": None if state.error is None else f"{state.error.type}: {state.error.message[:200]}",
             **{key: resources.get(key) for key in COUNTED},

@@ -67,9 +67,12 @@ class TargetAdapter(Protocol):
     Optional, looked up with getattr: `variants` (a class attribute), `warm_up(options)` (slow imports, before
     the job arrives; in the worker, never before a fork it cannot survive), `tokens_source` ("served" or
     "retokenized"), `prepare(job)` (the framework's own start-up for this job, such as a Ray runtime and its
-    actors: called in a thread before `run`, not counted as a stall; `run` then owns the teardown) and
+    actors: called in a thread before `run`, not counted as a stall; `run` then owns the teardown),
     `framework_info()` (a str -> str mapping the report writes under `framework`: the
-    installed version, or the source checkout and its commit; called after `warm_up`).
+    installed version, or the source checkout and its commit; called after `warm_up`) and
+    `async update_weights(job) -> str | None` (the framework's trainer side: in a run of many steps, awaited before
+    every step; it publishes the step's weights through the server's admin routes as the trainer does and returns
+    the version it published; the bench then publishes none itself, `bench.steps`).
     """
 
     name: str

@@ -26,6 +26,7 @@ REGISTRY: dict[str, str] = {
     "ref-step-singleton": "bench.targets.reference.step_singleton:RefStepSingleton",  # a failed step's state stays
     "ref-step-drift": "bench.targets.reference.step_drift:RefStepDrift",  # later steps differ from a fresh process
     "ref-step-async": "bench.targets.reference.step_async:RefStepAsync",  # trains on samples of earlier steps
+    "ref-step-weights": "bench.targets.reference.step_weights:RefStepWeights",  # publishes weights itself
     "verifiers": "bench.targets.frameworks.verifiers.target:VerifiersTarget",
     "miles": "bench.targets.frameworks.miles.target:MilesTarget",
     "slime": "bench.targets.frameworks.slime.target:SlimeTarget",

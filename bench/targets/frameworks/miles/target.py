@@ -14,7 +14,7 @@ import importlib.metadata
 import inspect
 from typing import Any
 
-from ..slime import plugins
+from ..slime import plugins, weights
 from ..slime.family import Framework, Modules, SlimeFamilyTarget
 
 DISTRIBUTION = "miles-rl"
@@ -24,6 +24,7 @@ class Miles(Framework):
     name = "miles"
     root = "miles"
     multi_turn = "miles.rollout.generate_hub.multi_turn.generate"
+    weight_sync = weights.MILES
 
     def version(self) -> str:
         return f"miles {importlib.metadata.version(DISTRIBUTION)}"

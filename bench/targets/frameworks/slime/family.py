@@ -20,6 +20,10 @@ One run, in the target's own process:
 - each returned `Sample` becomes a `SampleRecord` with the framework's evidence in `details`.
   An exception out of the framework's rollout leaves `run` unchanged: that batch is lost.
 
+In a run of many steps the adapter is the trainer side too (`update_weights`, `weights.py`): before each step it
+makes the weight sync the framework's trainer makes with its engines (pause, flush, update, continue), so the
+versions the replies carry are the trainer's (rollout k is served version k + 1, as slime's trainer numbers them).
+
 Options (`job.options`): `mode` (`train`, default, or `eval`), `custom_generate_function_path`
 and `custom_rm_path` (dotted paths, as the frameworks' own switches), `args` (a dict of further
 framework arguments), `trace` (the trace file, for recorded tool outputs and rewards),
@@ -51,7 +55,7 @@ from bench.trace import open_trace
 from bench.trace.shipped import SHIPPED_TRACES, shipped_trace
 from faults import Target
 
-from . import patch, plugins
+from . import patch, plugins, weights
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,7 @@ class Framework:
     name: ClassVar[str]
     root: ClassVar[str]
     multi_turn: ClassVar[str | None] = None  # the bundled multi-turn tool generator, if the framework has one
+    weight_sync: ClassVar[weights.WeightSync] = weights.SLIME  # what its trainer sends its engines between steps
 
     def prepare(self, options: dict[str, Any]) -> None:
         """Make the framework importable (slime: its checkout on `sys.path`)."""
@@ -259,6 +264,19 @@ class SlimeFamilyTarget:
             raise ValueError(f"{self.framework.name} has variants unfixed and patched (alias fixed), not {variant!r}")
         self.patched = variant in ("patched", "fixed")
         self.name = f"{self.framework.name}:{variant}"
+        self.weight_version = 0  # the trainer's counter: one more per weight sync
+
+    async def update_weights(self, job: RolloutJob) -> str:
+        """The trainer side before step `job.step`: its weight sync with the engine (the bench server), as the
+        framework's trainer makes it once the weights are loaded and after every training step; the version its
+        trainer published. At step 0 the trainer first joins the engine's weight-update group."""
+        sync = weights.configured(self.framework.weight_sync, dict(job.options.get("args") or {}))
+        if job.step == 0:  # a new run: a new trainer
+            self.weight_version = 0
+            await weights.connect(job.base_url, sync)
+        self.weight_version += 1
+        await weights.publish(job.base_url, sync, str(self.weight_version))
+        return str(self.weight_version)
 
     def warm_up(self, options: dict[str, Any]) -> None:
         """Import the framework (miles: 7-10 s of torch and megatron) before the job arrives; the worker calls
