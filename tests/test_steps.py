@@ -14,6 +14,7 @@ import pytest
 
 from bench import RunConfig, RunResult
 from bench.orchestration.runner import run_blocking
+from bench.steps.checks import MIN_STEPS_FOR_GROWTH
 from bench.report import load
 from bench.steps.run import StepsError
 from faults import plan_from_specs
@@ -267,7 +268,7 @@ def test_the_command_line_writes_the_per_step_table_and_plot(tmp_path: object) -
 
 def test_a_multi_step_repro_reruns_the_run_up_to_its_failing_step(tmp_path: object) -> None:
     """The pytest plugin's `bench_run(target, steps=K)` writes repros through `write_repro`: a multi-step run's is
-    the run cut after the step the finding points at (a resource's growth keeps the 3 steps it needs to show),
+    the run cut after the step the finding points at (a resource's growth keeps the 4 steps it needs to show: warm-up and 3),
     verified by the bench rerunning it; `run.toml` still reruns the whole run."""
     from pathlib import Path
 
@@ -279,14 +280,15 @@ def test_a_multi_step_repro_reruns_the_run_up_to_its_failing_step(tmp_path: obje
     path = write_repro(result, Path(str(tmp_path)) / "repro.toml")
     assert path is not None  # seen failing the same way in a rerun
     repro = load_repro(path)
-    assert (repro.config.steps, repro.config.on_step_failure, repro.invariant) == (3, "stop", "step_resources")
-    assert repro.config.trajectories == [r.trajectory for r in result.records[:3 * N]]  # the run's first 3 slices
+    assert (repro.config.steps, repro.config.on_step_failure, repro.invariant) == (MIN_STEPS_FOR_GROWTH, "stop",
+                                                                                   "step_resources")
+    assert repro.config.trajectories == [r.trajectory for r in result.records[:MIN_STEPS_FOR_GROWTH * N]]
     assert "verified = {reruns = 1," in path.read_text()
     whole = load_repro(Path(str(tmp_path)) / "run.toml").config
     assert (whole.steps, whole.n, whole.trajectories) == (K, N, None)
     again = run_blocking(repro.config)
     assert [v.invariant for v in again.violations] == ["step_resources"]
-    assert again.steps is not None and again.steps["ran"] == 3
+    assert again.steps is not None and again.steps["ran"] == MIN_STEPS_FOR_GROWTH
 
 
 def test_a_carried_over_failure_gets_a_repro_of_its_steps_that_the_command_line_reruns(tmp_path: object) -> None:

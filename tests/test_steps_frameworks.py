@@ -106,10 +106,9 @@ def test_a_held_weight_sync_is_caught(framework: str, python: str, options: dict
     assert [row["updates_kept_out"] for row in rows] == [0, 1, 0]
     assert [row["max_lag"] for row in rows] == [0, 1, 0]
     weights = [v for v in result.violations if v.invariant == "step_weights"]
-    # without the crash, the framework's connection pool fills over these 3 steps (7, 11, 12 sockets with miles,
-    # the adapter's sync or not): the growth check may count that, nothing else may be found
-    others = {(v.invariant, v.evidence.get("resource")) for v in result.violations if v.invariant != "step_weights"}
-    assert len(weights) == 1 and others <= {("step_resources", "sockets")}, [v.message for v in result.violations]
+    # without the crash, the framework's connection pool fills over these 3 steps (7, 11, 12 sockets with miles):
+    # warm-up, not a leak; nothing but the held sync may be found
+    assert len(weights) == 1 and len(result.violations) == 1, [v.message for v in result.violations]
     evidence = weights[0].evidence
     assert (evidence["step"], evidence["trainer_version"], evidence["server_version"]) == (1, "2", "1")
     assert [u["endpoint"] for u in evidence["ignored_updates"]] == ["/update_weights_from_distributed"]

@@ -34,7 +34,10 @@ from .board import ADAPTER, StepBoard, StepState
 
 COUNTED = ("tasks", "threads", "sockets", "fds", "children")  # sockets before fds: see `resource_growth`
 RSS_BOUND_BYTES = 64 * 1024 * 1024
-MIN_STEPS_FOR_GROWTH = 3
+# A count is judged from the end of step 1 on: the first step fills the pools (a client's connections growing to
+# the concurrency, a thread pool), so it is warm-up; a leak then grows after each of at least 3 more steps.
+WARM_UP_STEPS = 1
+MIN_STEPS_FOR_GROWTH = WARM_UP_STEPS + 3
 _LISTED = 5
 
 
@@ -56,7 +59,8 @@ def resource_growth(states: list[StepState]) -> list[Violation]:
         if len(series) < MIN_STEPS_FOR_GROWTH:
             continue
         counts = [count for _, count in series]
-        if all(later > earlier for earlier, later in zip(counts, counts[1:])):  # more after every step
+        judged = counts[WARM_UP_STEPS:]
+        if all(later > earlier for earlier, later in zip(judged, judged[1:])):  # more after every step past warm-up
             growth[kind] = counts[-1] - counts[0]
             if kind == "fds" and growth["fds"] <= growth.get("sockets", 0):
                 continue  # the sockets account for every new descriptor: one finding, not two
