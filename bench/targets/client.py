@@ -7,6 +7,7 @@ from typing import Any
 import aiohttp
 
 from bench.records.attribution import TRAJECTORY_HEADER
+from bench.records.sample import SampleRecord
 
 from .base import TrajectorySpec
 
@@ -31,3 +32,17 @@ def output_of(body: dict[str, Any]) -> tuple[list[int], list[float] | None, str,
     if triples is None:
         return list(body.get("output_ids", [])), None, body["text"], meta["finish_reason"]["type"]
     return [t[1] for t in triples], [t[0] for t in triples], body["text"], meta["finish_reason"]["type"]
+
+
+OUTCOME_OF_FINISH = {"stop": "completed", "length": "truncated", "abort": "aborted"}  # anything else: failed
+
+
+def sample_of(spec: TrajectorySpec, body: dict[str, Any]) -> SampleRecord:
+    """The record of a one-turn trajectory answered by `body` (the step reference targets' shared reading)."""
+    ids, logprobs, _, finish = output_of(body)
+    meta = body["meta_info"]
+    return SampleRecord(trajectory=spec.id, group=spec.group, outcome=OUTCOME_OF_FINISH.get(finish, "failed"),
+                        status=finish.upper(), prompt_length=len(spec.prompt_ids), response_ids=ids,
+                        logprobs=logprobs, loss_mask=[1] * len(ids), response_length=len(ids), reward=1.0,
+                        weight_versions=[str(meta.get("weight_version"))], attempt=1,
+                        request_ids=[str(meta["id"])] if meta.get("id") else [])

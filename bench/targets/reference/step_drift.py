@@ -21,12 +21,12 @@ import aiohttp
 from bench.records.sample import SampleRecord
 
 from ..base import Emit, RolloutJob, TrajectorySpec
-from ..client import generate, output_of
+from ..client import OUTCOME_OF_FINISH, generate, output_of
 from . import ReferenceTarget
 
 DEFAULT_LIMIT = 192
 _CONFIG: dict[str, int] = {}  # process-wide, as a trainer's parsed args are
-_OUTCOME = {"stop": "completed", "length": "truncated", "abort": "aborted"}
+_OUTCOME = OUTCOME_OF_FINISH
 
 
 class RefStepDrift(ReferenceTarget):

@@ -21,10 +21,9 @@ from bench.records.attribution import trajectory_scope
 from bench.records.sample import SampleRecord
 
 from ..base import Emit, RolloutJob, TrajectorySpec
-from ..client import generate, output_of
+from ..client import generate, sample_of
 from . import ReferenceTarget
 
-_OUTCOME = {"stop": "completed", "length": "truncated", "abort": "aborted"}
 
 
 class RolloutAborted(RuntimeError):
@@ -65,9 +64,4 @@ class RefStepSingleton(ReferenceTarget):
                 if _STATE.aborted:
                     raise RolloutAborted(f"the rollout was aborted (state from {_STATE.steps_seen - 1} steps)")
             body = await generate(http, job.base_url, spec, spec.prompt_ids, spec.sampling_params)
-        ids, logprobs, _, finish = output_of(body)
-        return SampleRecord(trajectory=spec.id, group=spec.group, outcome=_OUTCOME.get(finish, "failed"),
-                            status=finish.upper(), prompt_length=len(spec.prompt_ids), response_ids=ids,
-                            logprobs=logprobs, loss_mask=[1] * len(ids), response_length=len(ids), reward=1.0,
-                            weight_versions=[str(body["meta_info"].get("weight_version"))], attempt=1,
-                            request_ids=[str(body["meta_info"]["id"])] if body["meta_info"].get("id") else [])
+        return sample_of(spec, body)
