@@ -54,14 +54,19 @@ def _ledger(out: Path) -> list[dict[str, object]]:
     return [json.loads(line)["row"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _start_sweep(out: Path) -> subprocess.Popen[bytes]:
+    """The grid's sweep as a user starts it, one run at a time (so it can be caught mid-way)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "bench", "sweep", *GRID, "--jobs", "1", "--out", str(out)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to check the killed sweep's runs ended")
 def test_a_sigkilled_sweep_resumes_running_only_what_is_missing(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "HF_HUB_OFFLINE": "1"}
-    driver = subprocess.Popen([sys.executable, "-m", "bench", "sweep", *GRID, "--jobs", "1", "--out", str(out)],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = _start_sweep(out)
     try:
         deadline = time.monotonic() + 300
         while len(_ledger(out)) < 2:  # two runs finished, the third under way
@@ -109,10 +114,7 @@ def test_a_sigkilled_sweep_resumes_running_only_what_is_missing(tmp_path: Path) 
 def test_resume_refuses_a_sweep_whose_driver_still_runs(tmp_path: Path) -> None:
     """Two drivers on one folder would remove each other's runs in flight and run them twice."""
     out = tmp_path / "sweep"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "HF_HUB_OFFLINE": "1"}
-    driver = subprocess.Popen([sys.executable, "-m", "bench", "sweep", *GRID, "--jobs", "1", "--out", str(out)],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = _start_sweep(out)
     try:
         deadline = time.monotonic() + 300
         while not (out / "sweep.json").exists() or not (out / "runs").exists():

@@ -53,6 +53,13 @@ class Generation:
     notes: list[str] = field(default_factory=list)
     max_new_tokens: int | None = None  # what the request allowed: a fault's replacement output keeps to it too
 
+    def with_identity(self, identity: Identity) -> "Generation":
+        """This generation for another request (the fast paths' saved prototype): its token lists shared, since
+        nothing edits them (a fault that would takes the slow path), its notes its own. Positional: it is per request."""
+        return Generation(identity, self.output_ids, self.logprobs, self.text, self.finish_reason, self.prompt_tokens,
+                          self.cached_tokens, self.ttft, self.total, self.error_status, self.error_message,
+                          self.synthesized, [], self.max_new_tokens)
+
     @property
     def is_error(self) -> bool:
         return self.error_status is not None

@@ -202,10 +202,7 @@ class Reply:
     def generation_for(self, identity: Identity) -> Generation:
         """The prototype with this request's identity; its token lists are shared (nothing edits them: a fault that
         would takes the slow path)."""
-        g = self.generation
-        return Generation(identity, g.output_ids, g.logprobs, g.text, g.finish_reason, g.prompt_tokens,
-                          g.cached_tokens, g.ttft, g.total, g.error_status, g.error_message, g.synthesized, [],
-                          g.max_new_tokens)
+        return self.generation.with_identity(identity)
 
 
 _USUAL = (0, 1, 2, 3)  # id, weight_version, e2e_latency, response_sent_to_client_ts: 0.5.6 and later
