@@ -274,7 +274,3 @@ class ReplyCache:
         while self.bytes > self.limit_bytes and len(self._replies) > 1:
             _, old = self._replies.popitem(last=False)
             self.bytes -= old.size if old is not None else 64
-
-    def clear(self) -> None:
-        self._replies.clear()
-        self.bytes = 0

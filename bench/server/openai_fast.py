@@ -226,12 +226,6 @@ class ChatReplies:
             old, _ = self._replies.popitem(last=False)
             self.bytes -= self._sizes.pop(old)
 
-    def clear(self) -> None:
-        self._replies.clear()
-        self._sizes.clear()
-        self._parsed.clear()
-        self.bytes = self._parsed_bytes = 0
-
 
 def make_reply(generation: Generation, fast: FastChat, flavor: str, tokenizer: ByteBPETokenizer, model: str,
                time_scale: float, replies: ChatReplies) -> ChatReply | None:
