@@ -68,3 +68,30 @@ def test_serve_rejects_an_unknown_fault() -> None:
     run = subprocess.run([sys.executable, "-m", "bench", "serve", "--fault", "nope", "--port", "0"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "unknown fault 'nope'; valid faults: abort" in run.stderr
+
+
+def test_a_second_server_on_the_same_log_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """Two servers on one --log-dir would overwrite each other's spilled chunks and final CSVs."""
+    first = subprocess.Popen([sys.executable, "-m", "bench", "serve", "--trace", "rlvr-500", "--port", "0",
+                              "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "http://127.0.0.1:" in first.stdout.readline()  # type: ignore[union-attr]
+        second = subprocess.run([sys.executable, "-m", "bench", "serve", "--trace", "rlvr-500", "--port", "0",
+                                 "--log-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert f"--log-dir {tmp_path}: another server writes its logs there (pid {first.pid})" in second.stderr
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    finally:
+        first.kill()
+    assert first.returncode == 0
+    assert (tmp_path / "requests.csv").exists() and not (tmp_path / "spill").exists()  # written, claim let go
+    again = subprocess.Popen([sys.executable, "-m", "bench", "serve", "--trace", "rlvr-500", "--port", "0",
+                              "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # the folder is free again once the first server stopped
+        assert "http://127.0.0.1:" in again.stdout.readline()  # type: ignore[union-attr]
+        again.send_signal(signal.SIGTERM)
+        again.communicate(timeout=30)
+    finally:
+        again.kill()
+    assert again.returncode == 0

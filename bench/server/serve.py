@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from .app import BenchServer
 from .control import CONTROL_HEADER, is_loopback
@@ -35,7 +37,39 @@ def spill_folder(log_dir: str | None) -> Path | None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ValueError(f"--log-dir {log_dir}: cannot create {folder}: {error.strerror or error}") from None
+    _claim(folder, log_dir)
     return folder
+
+
+_CLAIMS: dict[Path, IO[str]] = {}  # log folders this process writes, each locked until it exits
+
+
+def _claim(folder: Path, log_dir: str) -> None:
+    """One server per log folder: two would overwrite each other's spilled chunks and final CSVs. The lock
+    (`flock` on `spill/.owner`) goes with the process however it ends, so a killed server leaves no stale claim."""
+    if folder.resolve() in _CLAIMS:
+        return
+    owner = open(folder / ".owner", "a+", encoding="utf-8")  # noqa: SIM115 - held open for the process's life
+    try:
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner.seek(0)
+        holder = owner.read().strip() or "another process"
+        owner.close()
+        raise ValueError(f"--log-dir {log_dir}: another server writes its logs there ({holder}); give each server "
+                         "its own folder") from None
+    owner.truncate(0)
+    owner.write(f"pid {os.getpid()}\n")
+    owner.flush()
+    _CLAIMS[folder.resolve()] = owner
+
+
+def _release(folder: Path) -> None:
+    """The log folder's claim let go (its file removed while still locked), once its logs are written."""
+    owner = _CLAIMS.pop(folder.resolve(), None)
+    if owner is not None:
+        (folder / ".owner").unlink(missing_ok=True)
+        owner.close()
 
 
 async def serve_until_signalled(server: BenchServer, host: str, banner: Callable[[str], str],
@@ -75,6 +109,7 @@ async def serve_until_signalled(server: BenchServer, host: str, banner: Callable
             return 1
         for chunk in [path for _, path in log.chunks] + list(getattr(faults.log, "chunks", [])):  # in the CSVs now
             chunk.unlink(missing_ok=True)
+        _release(folder / SPILL)
         try:
             (folder / SPILL).rmdir()
         except OSError:
