@@ -230,21 +230,14 @@ def make_reply(generation: Generation, profile: SglangProfile, tokenizer: ByteBP
             found.append((encoded.index(marker), slot, marker))
     if not any(slot == 0 for _, slot, _ in found):
         return None
-    found.sort()
-    pieces, at = [], 0
-    for position, _, marker in found:
-        pieces.append(encoded[at:position])
-        at = position + len(marker)
-    pieces.append(encoded[at:])
+    pieces, order = transport.cut_at(encoded, found)
     size = len(encoded) + 32 * len(generation.output_ids) + 256
     hashed = context_hash(prompt)  # the prompt hashed once: its digest, and the context's with the answer
     served = PackedAnswer.of(generation.output_ids, list(generation.logprobs or []) if parsed.return_logprob else None,
                              hashed)
     finish = (generation.finish_reason or {}).get("type")
-    # what `play` waits: the time to first token, then the decode time (both scaled)
-    instant = generation.ttft * time_scale <= 0 and max(0.0, generation.total - generation.ttft) * time_scale <= 0
-    return Reply(generation, served, finish, instant, hashed.digest(), tuple(pieces),
-                 tuple(slot for _, slot, _ in found), size)
+    instant = transport.instant(generation.ttft, generation.total, time_scale)
+    return Reply(generation, served, finish, instant, hashed.digest(), pieces, order, size)
 
 
 class ReplyCache:

@@ -20,12 +20,11 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from hashlib import blake2b
 from typing import Any
 
 import msgspec
 
-from bench.records.served_tokens import PackedAnswer
+from bench.records.served_tokens import PackedAnswer, context_hash
 from bench.replay import GenerateParams, Generation, Identity, pack
 from bench.tokenizer import ByteBPETokenizer
 
@@ -249,17 +248,11 @@ def make_reply(generation: Generation, fast: FastChat, flavor: str, tokenizer: B
             return None
         if count:
             found.append((encoded.index(marker_bytes), slot, marker_bytes))
-    found.sort()
-    pieces, at = [], 0
-    for position, _, marker_bytes in found:
-        pieces.append(encoded[at:position])
-        at = position + len(marker_bytes)
-    pieces.append(encoded[at:])
+    pieces, order = transport.cut_at(encoded, found)
+    hashed = context_hash(fast.packed)  # the prompt hashed once: its digest, and the context's with the answer
     served = PackedAnswer.of(generation.output_ids, list(generation.logprobs or []) if parsed.logprobs else None,
-                             fast.packed)
+                             hashed)
     finish = (generation.finish_reason or {}).get("type")
-    # what `play` waits: the time to first token, then the decode time (both scaled)
-    instant = generation.ttft * time_scale <= 0 and max(0.0, generation.total - generation.ttft) * time_scale <= 0
+    instant = transport.instant(generation.ttft, generation.total, time_scale)
     size = len(encoded) + 32 * len(generation.output_ids) + 256
-    return ChatReply(generation, served, finish, instant, blake2b(fast.packed, digest_size=16).digest(), tuple(pieces),
-                     tuple(slot for _, slot, _ in found), flavor != "sglang", size)
+    return ChatReply(generation, served, finish, instant, hashed.digest(), pieces, order, flavor != "sglang", size)

@@ -68,3 +68,21 @@ async def wait_before_answer(exchange: Exchange, state: ServerState) -> None:
         await state.wait_for_version(carrier.until_version, carrier.delay, carrier.until_idle_s)
     elif exchange.transport.delay > 0:
         await asyncio.sleep(exchange.transport.delay)
+
+
+def cut_at(encoded: bytes, found: list[tuple[int, int, bytes]]) -> tuple[tuple[bytes, ...], tuple[int, ...]]:
+    """A saved reply cut where its per-request values go: `found` holds (position, slot, marker) of each marker
+    once; the pieces around them in order, and which slot follows each piece (the fast paths splice them in)."""
+    found = sorted(found)
+    pieces, at = [], 0
+    for position, _, marker in found:
+        pieces.append(encoded[at:position])
+        at = position + len(marker)
+    pieces.append(encoded[at:])
+    return tuple(pieces), tuple(slot for _, slot, _ in found)
+
+
+def instant(ttft: float, total: float, time_scale: float) -> bool:
+    """Whether an answer has nothing to wait at this time scale: what `play` waits is the time to first token, then
+    the decode time, both scaled."""
+    return ttft * time_scale <= 0 and max(0.0, total - ttft) * time_scale <= 0
