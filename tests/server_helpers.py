@@ -45,3 +45,15 @@ def turn_input(trajectory: RecordedTrajectory, turn: int) -> list[int]:
     """The exact input ids trajectory `trajectory` sent at `turn`."""
     recorded = trajectory.turns[turn]
     return list(array("i", trajectory.sequences[recorded.sequence][: recorded.input_len * 4]))
+
+
+class ReadingProtocol:
+    """What an aiohttp `StreamReader` asks of its protocol (flow control), for a body fed to a handler in process."""
+
+    _reading_paused = False
+
+    def pause_reading(self, **_: object) -> None:
+        pass
+
+    def resume_reading(self, **_: object) -> None:
+        pass

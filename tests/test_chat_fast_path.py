@@ -33,6 +33,7 @@ from bench.tokenizer import load_tokenizer
 from bench.trace import open_trace
 from bench.trace.shipped import shipped_trace
 from faults import plan_from_specs
+from tests.server_helpers import ReadingProtocol
 
 CHAT = "/v1/chat/completions"
 TRACES = {"rlvr-500": 500, "agentic-500": 5695}  # every shipped trace with chat messages, and its turns
@@ -55,16 +56,6 @@ SHAPES: list[dict[str, Any]] = [
 ]
 
 
-class _Protocol:
-    _reading_paused = False
-
-    def pause_reading(self, **_: Any) -> None:
-        pass
-
-    def resume_reading(self, **_: Any) -> None:
-        pass
-
-
 class Caller:
     """The real chat handler on real aiohttp requests (no socket); the request's protocol, writer and transport are
     made once (`make_mocked_request` makes a dozen mocks per request otherwise)."""
@@ -76,7 +67,7 @@ class Caller:
         self.parts = {"protocol": first.protocol, "writer": first._payload_writer, "transport": first.transport}
 
     def request(self, raw: bytes, headers: dict[str, str]) -> web.Request:
-        payload = StreamReader(_Protocol(), 2**16, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+        payload = StreamReader(ReadingProtocol(), 2**16, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
         payload.feed_data(raw)
         payload.feed_eof()
         return make_mocked_request("POST", CHAT, headers={"Content-Type": "application/json",

@@ -29,6 +29,7 @@ from bench.server.app import create_app, load_context
 from bench.server.context import ServerContext
 from faults import Target, plan_from_specs, resolve_plan
 from faults.engine import CompiledPlan, _threshold
+from tests.server_helpers import ReadingProtocol
 
 TRACE = "retool-64"  # 64 multi-turn trajectories, 167 turns
 VOLATILE = re.compile(rb'"(e2e_latency|response_sent_to_client_ts)":[0-9.e+-]+')
@@ -69,7 +70,7 @@ def _ids(trajectory: Any, turn: int) -> list[int]:
 async def _call(app: web.Application, body: dict[str, Any], headers: dict[str, str]) -> web.Response:
     """The real handler on a real aiohttp request (no socket): what `POST /generate` answers."""
     raw = json.dumps(body).encode()
-    protocol = _Protocol()
+    protocol = ReadingProtocol()
     payload = StreamReader(protocol, 2**16, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
     payload.feed_data(raw)
     payload.feed_eof()
@@ -77,16 +78,6 @@ async def _call(app: web.Application, body: dict[str, Any], headers: dict[str, s
                                                                 "Content-Length": str(len(raw)), **headers},
                                   app=app, payload=payload)
     return await native.generate(request)  # type: ignore[return-value]
-
-
-class _Protocol:
-    _reading_paused = False
-
-    def pause_reading(self, **_: Any) -> None:
-        pass
-
-    def resume_reading(self, **_: Any) -> None:
-        pass
 
 
 def _normal(body: bytes, made_up_id: bool) -> bytes:
