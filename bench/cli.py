@@ -462,7 +462,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         ("trace", args.trace), ("n", args.n), ("time_scale", args.time_scale), ("concurrency", args.concurrency),
         ("watchdog_s", args.watchdog), ("timeout_s", args.timeout),
         ("invariants", None if args.invariants is None else sweep_invariants(args.invariants)),
-        ("steps", args.steps), ("on_step_failure", args.on_step_failure),
+        ("steps", args.steps), ("on_step_failure", args.on_step_failure), ("compare_fresh", args.compare_fresh or None),
         ("run_args", tuple(run_args) or None), ("jobs", args.jobs)) if value is not None}
     options = SweepOptions(**{"invariants": sweep_invariants(None), "jobs": default_jobs(), **given})
     import signal
@@ -758,6 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="as for run: K training steps per run in one worker (default 1)")
     sweep.add_argument("--on-step-failure", choices=("stop", "continue"),
                        help="as for run, with --steps (default stop)")
+    sweep.add_argument("--compare-fresh", action="store_true",
+                       help="as for run, with --steps: every run reruns its last clean step in a fresh worker")
     sweep.add_argument("--invariants", help="comma-separated invariants to check (default all but vacuity: a rule "
                                             "that never fired at a low rate is data, the fault_events column)")
     sweep.add_argument("--python", metavar="PATH", help="as for run: the target worker's interpreter")
