@@ -61,7 +61,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                              sglang_version=args.sglang_version, time_scale=args.time_scale,
                              router_version=args.router_version, openai_flavor=args.openai_flavor,
                              incremental_streaming=args.incremental_streaming_output, tokenizer_dir=args.tokenizer,
-                             control_token=args.control_token, limits=_limits(args)))
+                             engine=args.sglang_build, control_token=args.control_token, limits=_limits(args)))
 
 
 def _limit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -462,7 +462,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         ("trace", args.trace), ("n", args.n), ("time_scale", args.time_scale), ("concurrency", args.concurrency),
         ("watchdog_s", args.watchdog), ("timeout_s", args.timeout),
         ("invariants", None if args.invariants is None else sweep_invariants(args.invariants)),
-        ("steps", args.steps), ("on_step_failure", args.on_step_failure),
+        ("steps", args.steps), ("on_step_failure", args.on_step_failure), ("compare_fresh", args.compare_fresh or None),
         ("run_args", tuple(run_args) or None), ("jobs", args.jobs)) if value is not None}
     options = SweepOptions(**{"invariants": sweep_invariants(None), "jobs": default_jobs(), **given})
     import signal
@@ -567,6 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.set_defaults(run=_cmd_inspect)
 
     from bench.server import DEFAULT_PROFILE, PROFILES
+    from bench.server.profiles import DEFAULT_ENGINE, ENGINES
 
     serve = sub.add_parser("serve", help="run the mock SGLang / vLLM / router server standalone")
     serve.add_argument("--trace", default=DEFAULT_TRACE,
@@ -575,6 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=port, default=30000, help="port (0: pick a free one; default 30000)")
     serve.add_argument("--sglang-version", default=DEFAULT_PROFILE, choices=list(PROFILES),
                        help=f"response shapes of this SGLang release (default {DEFAULT_PROFILE})")
+    serve.add_argument("--sglang-build", default=DEFAULT_ENGINE, choices=list(ENGINES),
+                       help="admin behaviour of this SGLang build where a framework pins a fork (sglang-miles: "
+                            f"/flush_cache goes through while paused with nothing running; default {DEFAULT_ENGINE})")
     serve.add_argument("--time-scale", type=non_negative, default=0.0,
                        help="replay recorded latencies scaled by this (0: as fast as possible, 1: real time)")
     serve.add_argument("--router-version", default="0.3.2", choices=["0.3.2", "0.2"],
@@ -758,6 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="as for run: K training steps per run in one worker (default 1)")
     sweep.add_argument("--on-step-failure", choices=("stop", "continue"),
                        help="as for run, with --steps (default stop)")
+    sweep.add_argument("--compare-fresh", action="store_true",
+                       help="as for run, with --steps: every run reruns its last clean step in a fresh worker")
     sweep.add_argument("--invariants", help="comma-separated invariants to check (default all but vacuity: a rule "
                                             "that never fired at a low rate is data, the fault_events column)")
     sweep.add_argument("--python", metavar="PATH", help="as for run: the target worker's interpreter")

@@ -11,6 +11,7 @@ path does not take must fall back to the slow path, and fault decisions must be 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import random
 import re
@@ -245,15 +246,64 @@ def test_probability_thresholds_are_exact() -> None:
         assert threshold == 0 or (threshold - 1) / 2**64 < p
 
 
+WAITS = 200
+
+
+def _garbage_after(waiter: Any) -> list[Any]:
+    """What the cyclic collector finds after `WAITS` waits of 4 loop iterations through `waiter` in a fresh
+    `asyncio.run` (kept with DEBUG_SAVEALL, so it can be looked at)."""
+    import gc
+
+    async def waits() -> None:
+        for _ in range(WAITS):
+            await waiter(4)
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        asyncio.run(waits())
+        gc.collect()
+        return list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+async def _bare_waits(count: int) -> None:
+    """The baseline: the same iterations as plain task steps, no bench code (what asyncio itself leaves)."""
+    for _ in range(count - 1):
+        await asyncio.sleep(0)
+
+
+def _closure_waits(count: int) -> asyncio.Future[None]:
+    """The wait as it was written first: a closure calling itself, a cycle (the function, its own cell) per wait."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+
+    def hop(left: int) -> None:
+        if left:
+            loop.call_soon(hop, left - 1)
+        elif not future.done():
+            future.set_result(None)
+    loop.call_soon(hop, count - 2)
+    return future
+
+
+def _functions_of(garbage: list[Any], path: str) -> list[str]:
+    """The functions defined in file `path` among `garbage`: a cycle that code made."""
+    return [obj.__qualname__ for obj in garbage if inspect.isfunction(obj) and obj.__code__.co_filename == path]
+
+
 def test_waiting_loop_iterations_leaves_no_cycle_for_the_collector() -> None:
     """The fast path waits `_SLOW_PATH_HOPS` loop iterations per request: that wait must leave nothing for the cyclic
     collector (a self-referencing closure did, two thousand futures and closures alive at a young collection in a
-    run), and still take its iterations."""
-    import gc
-
+    run), and still take its iterations. Judged against a baseline of plain task steps in the same process, so
+    what asyncio.run itself leaves cancels out, and by what the garbage is: no function of the bench's in it."""
     from bench.server.native import _iterations_later
 
-    async def waits() -> list[int]:
+    async def ordered() -> list[int]:
         order: list[int] = []
         loop = asyncio.get_running_loop()
         for _ in range(100):
@@ -263,11 +313,11 @@ def test_waiting_loop_iterations_leaves_no_cycle_for_the_collector() -> None:
             order.append(4)  # after three iterations of callbacks: the wait is four iterations long
         return order
 
-    gc.collect()
-    gc.disable()
-    try:
-        order = asyncio.run(waits())
-        assert order == [1, 3, 4] * 100
-        assert gc.collect() < 50  # asyncio.run's own leftovers; 100 waits with the closure left 700 objects
-    finally:
-        gc.enable()
+    assert asyncio.run(ordered()) == [1, 3, 4] * 100
+    baseline = len(_garbage_after(_bare_waits))
+    closure = _garbage_after(_closure_waits)  # the check sees a cycle per wait where there is one
+    assert _functions_of(closure, __file__).count("_closure_waits.<locals>.hop") == WAITS
+    assert len(closure) - baseline >= 3 * WAITS  # the function, its cell, the future: per wait
+    fast = _garbage_after(_iterations_later)
+    assert _functions_of(fast, native.__file__) == []
+    assert len(fast) - baseline < WAITS // 10, [type(obj).__name__ for obj in fast]  # nothing per wait

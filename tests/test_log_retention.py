@@ -174,8 +174,10 @@ def test_a_bounded_server_reads_every_row_back_and_its_memory_stays_in_the_windo
         tail = request(server.url, f"/bench/requests?since={sent - 2}").json()
         assert [row["seq"] for row in tail] == [sent - 2, sent - 1, sent, sent + 1]
         assert request(server.url, "/bench/requests?since=-1").status == 400
-        events = request(server.url, "/bench/faults").json()["events"]
+        faults = request(server.url, "/bench/faults")
+        events = faults.json()["events"]
         assert len(events) == len(ctx.faults.log) > 60 and len(ctx.faults.log.events) < 50
+        assert faults.headers["x-bench-faults-dropped"] == "0"
         assert ctx.faults.never_fired() == []
 
 
@@ -206,6 +208,23 @@ def test_a_bounded_server_without_a_log_dir_answers_410_for_dropped_rows() -> No
         first = int(kept.headers["x-bench-log-first-seq"])  # this request's own row came on top
         assert kept.status == 200 and kept.json()[0]["seq"] == first > 0
         assert kept.headers["x-bench-log-dropped"] == str(first)
+
+
+def test_a_bounded_server_without_a_log_dir_says_how_many_fault_events_it_dropped() -> None:
+    """`/bench/faults` answers the events kept; `X-Bench-Faults-Dropped` counts the ones gone, as
+    `X-Bench-Log-Dropped` does for request rows: kept and dropped add up to every event that fired."""
+    plan = plan_from_specs(["stale_weight_version:p=1/2"], 3)
+    with ServerThread("agentic-500", limits=Limits(keep_requests=20), plan=plan) as server:
+        for trajectory in server.context.store.trajectories[:20]:
+            for turn in range(len(trajectory.turns)):
+                request(server.url, "/generate", {"input_ids": turn_input(trajectory, turn),
+                                                  "sampling_params": dict(trajectory.first_sampling_params)},
+                        headers={"X-Bench-Trajectory": trajectory.id})
+        log = server.context.faults.log
+        reply = request(server.url, "/bench/faults")
+        dropped = int(reply.headers["x-bench-faults-dropped"])
+        assert reply.status == 200 and dropped == log.dropped > 0
+        assert len(reply.json()["events"]) + dropped == len(log) > 40
 
 
 def test_an_api_server_keeps_everything_unless_told() -> None:

@@ -6,6 +6,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -35,6 +37,37 @@ def test_serve_prints_url_and_stops_on_signal(tmp_path: Path, signum: int) -> No
     log = pd.read_csv(tmp_path / "requests.csv")
     assert list(log["endpoint"]) == ["/health", "/generate"] and list(log["status"]) == [200, 200]
     assert log["drift"].tolist()[1] == "unknown_prompt"
+
+
+def test_serve_plays_the_sglang_build_it_is_given() -> None:
+    """`--sglang-build sglang-miles`: the build miles runs, whose `/flush_cache` goes through after a retract pause
+    with a request in flight (upstream's refuses it: tests/test_server_admin.py)."""
+    process = subprocess.Popen([sys.executable, "-m", "bench", "serve", "--trace", "rlvr-500", "--port", "0",
+                                "--time-scale", "10", "--sglang-build", "sglang-miles"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        match = re.search(r"at (http://[\d.:]+) \(SGLang 0\.5\.15\.post1, sglang-miles build,", line)
+        assert match, line
+        url = match.group(1)
+        replies: list[object] = []
+        worker = threading.Thread(target=lambda: replies.append(request(url, "/generate", {"text": "hello"})))
+        worker.start()
+        deadline = time.monotonic() + 10
+        while request(url, "/get_load").json()[0]["num_reqs"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        request(url, "/pause_generation", {"mode": "retract"})
+        assert request(url, "/get_load").json()[0]["num_reqs"] == 1  # still there, retracted
+        assert request(url, "/flush_cache").status == 200
+        request(url, "/continue_generation", {})
+        request(url, "/abort_request", {"abort_all": True})
+        worker.join(10)
+        assert replies
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=15)
+    finally:
+        process.kill()
+    assert process.returncode == 0
 
 
 def test_serve_rejects_a_bad_trace(tmp_path: Path) -> None:

@@ -100,6 +100,39 @@ def test_flush_cache_refuses_while_busy() -> None:
         worker.join(10)
 
 
+@pytest.mark.parametrize("engine, mode, prefilled, flushed", [
+    ("sglang", "retract", False, False),  # upstream: a retracted request waits in the queue, and blocks the flush
+    ("sglang", "in_place", True, False),
+    ("sglang", "abort", False, True),  # the abort ended it (the engine's pause waits for that): idle
+    ("sglang-miles", "retract", False, True),  # miles' fork: paused, nothing running (it went back to the queue)
+    ("sglang-miles", "in_place", False, True),  # paused before its first token: still queued
+    ("sglang-miles", "in_place", True, False),  # an in-place pause leaves it running
+])
+def test_flush_cache_while_paused_per_build(engine: str, mode: str, prefilled: bool, flushed: bool) -> None:
+    """`/flush_cache` after `/pause_generation` with one request in flight, as each SGLang build decides
+    (`bench.server.profiles.ENGINES`): the flush miles' weight sync makes after its retract pause."""
+    with ServerThread("rlvr-500", time_scale=10.0, engine=engine) as thread:
+        results: list[Reply] = []
+        worker = _in_background(thread, results)
+        entry = next(iter(thread.context.state.inflight.values()))
+        deadline = time.monotonic() + 10
+        while prefilled and not entry.prefilled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert entry.prefilled == prefilled
+        request(thread.url, "/pause_generation", {"mode": mode})
+        reply = request(thread.url, "/flush_cache")
+        assert (reply.status, reply.body.startswith(b"Cache flushed.\n")) == (200 if flushed else 400, flushed)
+        request(thread.url, "/continue_generation", {})
+        request(thread.url, "/abort_request", {"abort_all": True})
+        worker.join(10)
+        assert results and results[0].status == 200
+
+
+def test_an_unknown_sglang_build_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown SGLang build 'sglang-nightly'; valid: sglang, sglang-miles"):
+        ServerThread("rlvr-500", engine="sglang-nightly")
+
+
 def test_pause_blocks_new_requests_until_continue() -> None:
     with ServerThread("rlvr-500") as thread:
         paused = request(thread.url, "/pause_generation", {"mode": "in_place"})

@@ -4,6 +4,7 @@ its fix (`fixed`) at K = 5, in a worker process: the resources measured are the 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -349,6 +350,42 @@ def test_a_sweep_runs_every_point_for_k_steps_and_tables_the_step_first_violated
     assert "step_carryover" in unfixed["violated_invariants"]
     assert (fixed["outcome"], fixed["steps_ran"]) == ("ok", K) and pd.isna(fixed["first_violation_step"])
     assert fixed["trajectories"] == K * N  # every step's slice, not one step's
+
+
+def _sweep(out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bench", "sweep", *options, "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_sweep_passes_compare_fresh_to_every_run_and_a_resume_keeps_it(tmp_path: Path) -> None:
+    """`sweep --compare-fresh` (with `--steps`) reruns each run's last clean step in a fresh worker, as `run` does:
+    ref-step-drift:unfixed's later steps differ from a fresh process and only that comparison sees it. A resume
+    takes the option from the sweep's record, and refuses a sweep that ran without it."""
+    grid = ["--plan", "seed-000", "--target", "ref-step-drift:unfixed,ref-step-drift:fixed", "--rates", "0", "--seeds",
+            "1", "--trace", TRACE, "--n", str(N), "--steps", "3", "--time-scale", "0", "--jobs", "2"]
+    out = tmp_path / "sweep"
+    done = _sweep(out, *grid, "--compare-fresh")
+    assert done.returncode == 1, done.stderr[-3000:]
+    table = load(out)["runs"].set_index("target")
+    unfixed, fixed = table.loc["ref-step-drift:unfixed"], table.loc["ref-step-drift:fixed"]
+    assert (unfixed["outcome"], unfixed["violated_invariants"], unfixed["first_violation_step"]) == (
+        "violations", "step_fresh_process", 2)
+    assert (fixed["outcome"], fixed["steps_ran"]) == ("ok", 3)
+    assert json.loads((out / "sweep.json").read_text())["options"]["compare_fresh"] is True
+    resumed = _sweep(out, "--resume", str(out))  # nothing missing: the record's options, no run again
+    assert resumed.returncode == 1 and "0 to run" in resumed.stderr, resumed.stderr[-3000:]
+    without = tmp_path / "without"
+    assert _sweep(without, *grid).returncode == 0  # the drift passes unseen without the comparison
+    refused = _sweep(without, "--resume", str(without), "--compare-fresh")
+    assert refused.returncode == 2
+    assert "--compare-fresh: the sweep ran False, this command gives True" in refused.stderr
+
+
+def test_sweep_refuses_compare_fresh_without_steps(tmp_path: Path) -> None:
+    done = _sweep(tmp_path / "s", "--plan", "seed-000", "--target", "ref-gather:fixed", "--rates", "0.1", "--seeds",
+                  "1", "--compare-fresh")
+    assert done.returncode == 2 and "--compare-fresh needs --steps 2 or more" in done.stderr
+    assert not (tmp_path / "s").exists()
 
 
 def test_sweep_refuses_steps_below_one_before_any_run(tmp_path: Path) -> None:

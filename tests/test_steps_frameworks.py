@@ -4,7 +4,9 @@ The crash is the seed-000 one: a valid reply whose post-processing raises (`rais
 trajectory of step 1). The unfixed rollout lets it out of `generate_rollout`, leaving the `GenerateState`
 singleton as it was mid-rollout (its `remaining_batch_size` not reset, its pending set emptied): the next step
 submits nothing and waits on no task, `ValueError: Set of Tasks/Futures is empty`, a failure that step 1 left
-behind: step 2's trajectories rerun alone in a fresh worker complete. The patched rollout keeps a placeholder
+behind: step 2's trajectories rerun alone in a fresh worker complete (miles too: the server plays the SGLang build
+miles runs, whose flush goes through after miles' retract pause; on upstream SGLang's rule miles' sync times out
+instead, before step 2's rollout). The patched rollout keeps a placeholder
 for the trajectory that raised; all three steps complete.
 
 The adapter is the trainer side too: before each step it makes the weight sync the framework's trainer makes
@@ -48,17 +50,18 @@ SYNC = {"miles": ["/pause_generation", "/flush_cache", "/update_weights_from_dis
                   "/continue_generation"],
         "slime": ["/pause_generation", "/flush_cache", "/update_weights_from_distributed", "/continue_generation"]}
 WEIGHT_ROUTES = {"/init_weights_update_group", *SYNC["miles"]}
-# what step 2 fails on after step 1 crashed: slime's pause aborts what step 1 left running, so its sync goes
-# through and the rollout meets the dirtied singleton; miles' pause retracts it into the waiting queue, which
-# keeps SGLang from flushing, and its sync gives up (miles asks again at once, 60 times)
+# what step 2 fails on after step 1 crashed: the rollout meets the singleton step 1 dirtied. The weight sync before
+# it goes through in both: slime's pause aborts what step 1 left running; miles' retracts it into the waiting queue,
+# and the SGLang miles runs (its `sglang-miles` build, `bench.server.profiles.ENGINES`) flushes while paused anyway
 STEP_2_ERROR = {"slime": ("ValueError", "Set of Tasks/Futures is empty"),
-                "miles": ("TimeoutError", "/flush_cache refused 60 times")}
+                "miles": ("ValueError", "Set of Tasks/Futures is empty")}
 
 
-def _run(target: str, python: str | None, options: dict[str, object], fault: str = CRASH) -> RunResult:
+def _run(target: str, python: str | None, options: dict[str, object], fault: str = CRASH,
+         server: dict[str, object] | None = None, time_scale: float = 0.05) -> RunResult:
     config = RunConfig(trace="agentic-500", plan=plan_from_specs([fault], 0), target=target, n=8, steps=3,
-                       on_step_failure="continue", python=python, watchdog_s=120.0, time_scale=0.05,
-                       target_options=options)
+                       on_step_failure="continue", python=python, watchdog_s=120.0, time_scale=time_scale,
+                       target_options=options, server_options=server or {})
     result = asyncio.run(run(config))
     print(f"{target}: {Counter((r.step, r.outcome) for r in result.records)}, "
           f"violations {Counter(v.invariant for v in result.violations)}")
@@ -77,6 +80,49 @@ def test_a_crashed_step_leaves_the_next_one_failing(framework: str, python: str,
     assert STEP_2_ERROR[framework][1] in carried[0].evidence["error"]["message"]
     assert carried[0].evidence["fresh_process"]["verdict"] == "passes in a fresh process: carried over"
     assert result.steps["first_violation"]["step"] == 1  # the crash itself (batch_survival: seed-000's bug)
+    if framework == "miles":  # step 2's sync flushed at once, step 1's requests in flight or not
+        retracted, flushes = _at_step_2_sync(result)
+        print(f"step 1's requests in flight at step 2's pause: {retracted}")
+        assert flushes == [200]
+
+
+def _at_step_2_sync(result: RunResult) -> tuple[list[str], list[int | None]]:
+    """The generate requests of step 1 still in flight when step 2's weight sync paused generation, and the
+    statuses of that sync's `/flush_cache` calls."""
+    pauses = [q.started for q in result.requests if q.endpoint == "/pause_generation"]
+    assert len(pauses) == 3, pauses  # one sync before each step
+    continues = [q.started for q in result.requests if q.endpoint == "/continue_generation"]
+    paused, resumed = pauses[2], continues[2] if len(continues) > 2 else float("inf")  # a failed sync never resumes
+    step_of = {r.trajectory: r.step for r in result.records}
+    in_flight = [q.trajectory for q in result.requests if q.trajectory is not None and step_of.get(q.trajectory) == 1
+                 and q.started < paused < q.started + (q.latency_s or 0.0)]
+    flushes = [q.status for q in result.requests if q.endpoint == "/flush_cache" and paused < q.started < resumed]
+    return in_flight, flushes
+
+
+@pytest.mark.skipif(MILES_PYTHON is None, reason="the miles environment is not built (make targets)")
+def test_miles_after_a_crash_on_upstream_sglang() -> None:
+    """The same run on upstream SGLang's flush rule (`engine="sglang"`). After the crash, step 1's rollout keeps
+    generating g00002-1 in the background, one request after another. When one is in flight at step 2's pause,
+    miles' retract pause puts it back in the waiting queue, where upstream's scheduler refuses to flush
+    (`is_fully_idle`); miles asks again at once, 60 times, and step 2's sync raises `TimeoutError` before its
+    rollout, leaving the engine paused. The time scale makes each request last about 0.25 s against gaps of
+    milliseconds, so that is nearly every run; a pause that falls in a gap finds the engine idle, and the flush
+    goes through. What miles meets on an engine without its fork's pause-aware flush (the `sglang-miles` line lost
+    it once in a rebase: sgl-project/sglang#31962, miles #1750)."""
+    result = _run("miles:unfixed", MILES_PYTHON, {}, server={"engine": "sglang"}, time_scale=0.2)
+    rows = result.steps["rows"]  # type: ignore[index]
+    errors = [row["error"] and row["error"].split(":")[0] for row in rows]
+    retracted, flushes = _at_step_2_sync(result)
+    print(f"step 1's requests in flight at step 2's pause: {retracted}; flushes {flushes}")
+    if not retracted:  # the pause fell between two of them: nothing waits, the flush goes through
+        assert errors == [None, "InjectedFault", "ValueError"] and flushes == [200]
+        return
+    assert errors == [None, "InjectedFault", "TimeoutError"]
+    assert "/flush_cache refused 60 times" in rows[2]["error"]
+    assert flushes == [400] * 60
+    assert rows[2]["requests"] == 0  # the sync failed: step 2's rollout never started
+    assert len([q for q in result.requests if q.endpoint == "/continue_generation"]) == 2  # the engine stays paused
 
 
 @pytest.mark.parametrize("framework, python, options", FRAMEWORKS.values(), ids=list(FRAMEWORKS))

@@ -35,6 +35,7 @@ from bench.steps import run as steps
 from bench.targets import (DEFAULT_TARGET, Emit, RolloutJob, TargetAdapter, TrajectorySpec, check_target_spec,
                            framework_info_of, resolve_target, tokens_source_of)
 from bench.targets.frameworks.envs import target_python
+from bench.targets.registry import engine_of
 from bench.trace.shipped import DEFAULT_TRACE, resolve_trace
 from faults import FaultEvent, Plan
 
@@ -201,6 +202,12 @@ def _target(config: RunConfig) -> TargetAdapter:
     return IsolatedTarget(config.target, python, config.worker_log, warm=config.warm)
 
 
+def _server_options(config: RunConfig) -> dict[str, Any]:
+    """The server's options: the SGLang build the target declares (`engine_of`), unless the run's options name one."""
+    engine = engine_of(config.target)
+    return {**({"engine": engine} if engine else {}), **config.server_options}
+
+
 def _loss_cause(trajectory: str, batch_error: ErrorInfo | None, hang: HangReport | None) -> ErrorInfo:
     """Why a trajectory never came back; the full traceback goes only to the trajectory that raised."""
     if batch_error is not None:
@@ -301,7 +308,7 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
     with collector.loading():  # the trace is in memory for the whole run: no collection walks it again
         bench_server = BenchServer(config.trace, plan=config.plan, time_scale=config.time_scale,
                                    groups_of=config.trajectories, upstream=config.upstream,
-                                   tokenizer_dir=config.tokenizer_dir, **config.server_options)
+                                   tokenizer_dir=config.tokenizer_dir, **_server_options(config))
     # a run asks each turn about once: saved replies serve its retries, kept for a few hundred requests, not all of
     # them alive until a young collection walks them (`RUN_REPLY_CACHE_BYTES`)
     context = bench_server.context

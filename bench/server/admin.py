@@ -166,7 +166,9 @@ async def memory_occupation(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    if context_of(request).state.busy():
+    """Refused while requests run or wait, as the played SGLang build decides (`profiles.ENGINES`)."""
+    ctx = context_of(request)
+    if not ctx.state.can_flush(ctx.config.build.paused_flush):
         return wire.text_response("Flush cache failed.\n", 400)
     return wire.text_response(FLUSHED, 200)
 

@@ -67,8 +67,13 @@ async def requests_log(request: web.Request) -> web.StreamResponse:
 
 
 async def fault_log(request: web.Request) -> web.Response:
+    """Every fault event kept and the rules that never fired; the `X-Bench-Faults-Dropped` header says how many
+    events a bounded log dropped (a long-lived server without --log-dir: `SpilledFaultLog`), as `/bench/requests`
+    does for its rows."""
     engine = context_of(request).faults
-    return wire.json_response({"events": engine.log.as_dicts(), "never_fired": engine.never_fired()})
+    dropped = getattr(engine.log, "dropped", 0)  # a run's log keeps every event
+    return wire.json_response({"events": engine.log.as_dicts(), "never_fired": engine.never_fired()},
+                              headers={"X-Bench-Faults-Dropped": str(dropped)})
 
 
 async def get_plan(request: web.Request) -> web.Response:

@@ -20,7 +20,7 @@ from faults.engine import Decision
 from .limits import Limits
 from .native_fast import ReplyCache
 from .openai_fast import ChatReplies
-from .profiles import SglangProfile
+from .profiles import DEFAULT_ENGINE, EngineBuild, SglangProfile, get_engine
 from .state import ServerState
 
 if TYPE_CHECKING:  # the capture layer loads only in upstream mode
@@ -40,6 +40,14 @@ class ServerConfig:
     incremental_streaming: bool = False  # SGLang's --incremental-streaming-output
     weight_version_route: str | None = None  # override the profile's (e.g. "deprecated": upstream 0.5.15)
     openai_flavor: str = "vllm"  # "vllm" or "sglang": shape of the OpenAI-compatible routes
+    engine: str = DEFAULT_ENGINE  # the SGLang build played where a fork differs (`profiles.ENGINES`)
+
+    def __post_init__(self) -> None:
+        get_engine(self.engine)  # an unknown build fails here, naming the valid ones
+
+    @property
+    def build(self) -> EngineBuild:
+        return get_engine(self.engine)
 
     @property
     def model_name(self) -> str:

@@ -64,6 +64,37 @@ DEFAULT_PROFILE = "0.5.15"
 UPSTREAM_0515_WEIGHT_ROUTE = "deprecated"
 
 
+@dataclass(frozen=True)
+class EngineBuild:
+    """Which build of SGLang the server plays where a framework pins a fork, not a release: behaviour no wire
+    profile holds, because the same release tag behaves differently in the fork."""
+
+    name: str  # as given to ServerConfig(engine=...)
+    # `/flush_cache` while generation is paused in `retract` or `in_place` mode with nothing running: allowed
+    paused_flush: bool
+
+
+# `/flush_cache` decides with the scheduler's `flush_cache` (`python/sglang/srt/managers/scheduler.py`):
+# - "sglang", upstream (read in 0.5.10.post1, `Scheduler.flush_cache` -> `is_fully_idle`): no request running and
+#   none in the scheduler's waiting queue, paused or not. A `retract` pause moves the running requests back into that
+#   queue (`Scheduler.pause_generation`), so they keep the flush refused until they end (every profile above).
+# - "sglang-miles", the sgl-project/sglang branch miles builds its engines from (miles 0.0.2: `SGLANG_BRANCH` in
+#   docker/Dockerfile; the copy the miles-rl 0.0.2 wheel ships as its top-level `sglang` package): `flush_cache`
+#   also flushes while the engine is paused (`_engine_paused`, set by a `retract` or `in_place` pause, not by an
+#   `abort` one, which the tokenizer manager handles alone) and its running batch is empty. What a retract pause put
+#   back in the queue holds no cache then, and does not block the flush; after an `in_place` pause the running
+#   requests stay running, and do.
+ENGINES: dict[str, EngineBuild] = {e.name: e for e in (EngineBuild("sglang", paused_flush=False),
+                                                      EngineBuild("sglang-miles", paused_flush=True))}
+DEFAULT_ENGINE = "sglang"
+
+
+def get_engine(name: str) -> EngineBuild:
+    if name not in ENGINES:
+        raise ValueError(f"unknown SGLang build {name!r}; valid: {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
 def get_profile(name: str) -> SglangProfile:
     key = name.removesuffix(".post1").removesuffix(".post2")
     if key not in PROFILES:

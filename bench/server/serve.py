@@ -12,6 +12,7 @@ from typing import IO, Any, Callable
 
 from .app import BenchServer
 from .control import CONTROL_HEADER, is_loopback
+from .profiles import DEFAULT_ENGINE
 
 SPILL = "spill"  # under --log-dir: request-log chunks written while serving
 
@@ -21,8 +22,9 @@ async def serve(trace: str, *, host: str, port: int, log_dir: str | None = None,
 
     def banner(url: str) -> str:
         config = server.context.config
+        build = "" if config.engine == DEFAULT_ENGINE else f", {config.engine} build"
         return (f"rollout-bench serving {server.context.store.path} at {url} "
-                f"(SGLang {config.profile.version}, time scale {config.time_scale})")
+                f"(SGLang {config.profile.version}{build}, time scale {config.time_scale})")
 
     return await serve_until_signalled(server, host, banner, log_dir)
 

@@ -86,6 +86,16 @@ class ServerState:
     def busy(self) -> bool:
         return bool(self.inflight) or self.waiting > 0
 
+    def can_flush(self, paused_flush: bool) -> bool:
+        """Would the scheduler flush its cache now? When nothing runs or waits; with `paused_flush` (a build that
+        allows it, `profiles.EngineBuild`) also while paused in `retract` mode (every running request went back to
+        the queue) or in `in_place` mode with no request past its prefill (the queue's never ran)."""
+        if not self.busy():
+            return True
+        if not paused_flush or not self.paused or self.pause_mode not in ("retract", "in_place"):
+            return False
+        return self.pause_mode == "retract" or not any(entry.prefilled for entry in self.inflight.values())
+
     def register(self, rid: str, identity: Any = None) -> InFlight:
         entry = InFlight(rid, identity)
         self.inflight[rid] = entry

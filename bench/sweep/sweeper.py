@@ -78,6 +78,7 @@ class SweepOptions:
     invariants: tuple[str, ...] | None = None  # None: all of them
     steps: int = 1  # training steps per run (`run --steps K`): the rollout called K times in one worker
     on_step_failure: str = "stop"
+    compare_fresh: bool = False  # `run --compare-fresh`: each run reruns its last clean step in a fresh worker
     run_args: tuple[str, ...] = ()  # more `rollout-bench run` options, passed as they are
 
     def check(self) -> None:
@@ -93,6 +94,8 @@ class SweepOptions:
             raise SweepError(f"--steps {self.steps}: needs at least 1")
         if self.on_step_failure not in ("stop", "continue"):
             raise SweepError(f"--on-step-failure {self.on_step_failure!r}: stop or continue")
+        if self.compare_fresh and self.steps < 2:
+            raise SweepError("--compare-fresh needs --steps 2 or more: it compares a later step with a fresh process")
         if not math.isfinite(self.watchdog_s) or self.watchdog_s <= 0:
             raise SweepError(f"--watchdog {self.watchdog_s:g}: needs a positive number of seconds")
         if not math.isfinite(self.timeout_s) or not math.isfinite(self.time_scale) or self.time_scale < 0:
@@ -125,6 +128,8 @@ def run_command(point: GridPoint, plan_file: Path, folder: Path, options: SweepO
         command += ["--invariants", ",".join(options.invariants)]
     if options.steps > 1:
         command += ["--steps", str(options.steps), "--on-step-failure", options.on_step_failure]
+    if options.compare_fresh:
+        command.append("--compare-fresh")
     return command + list(options.run_args)
 
 
@@ -390,7 +395,7 @@ def run_sweep(plans: list[Plan], targets: list[str], rates: list[Fraction], seed
 # SweepOptions fields as the command line names them (for a resume refused over a difference)
 OPTION_NAMES = {"trace": "--trace", "n": "--n", "time_scale": "--time-scale", "concurrency": "--concurrency",
                 "watchdog_s": "--watchdog", "timeout_s": "--timeout", "invariants": "--invariants",
-                "steps": "--steps", "on_step_failure": "--on-step-failure",
+                "steps": "--steps", "on_step_failure": "--on-step-failure", "compare_fresh": "--compare-fresh",
                 "run_args": "--python/--in-process/--known"}
 
 

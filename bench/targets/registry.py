@@ -37,6 +37,16 @@ REGISTRY: dict[str, str] = {
     "prime-rl": "bench.targets.frameworks.prime_rl.target:PrimeRlTarget",
 }
 DEFAULT_TARGET = "ref-gather:unfixed"
+# The SGLang build a built-in target's framework runs its engines on, where that is a fork whose admin behaviour
+# differs from the releases (`bench.server.profiles.ENGINES`): the bench's server plays it for that target. Known in
+# the bench's process without importing the adapter (it may live in another environment). miles 0.0.2 builds its
+# engines from sgl-project/sglang's `sglang-miles` branch (docker/Dockerfile) and ships that copy in its wheel.
+ENGINE_OF: dict[str, str] = {"miles": "sglang-miles"}
+
+
+def engine_of(spec: str) -> str | None:
+    """The SGLang build target `spec` declares (`ENGINE_OF`), or None: upstream SGLang (plug-ins: by option)."""
+    return ENGINE_OF.get(spec.partition(":")[0])
 
 
 class TargetError(ValueError):

@@ -14,9 +14,10 @@ slime at 624b824, `UpdateWeightFromDistributed`; miles 0.0.2, the same class in 
   - miles: `POST /pause_generation {"mode": "retract"}` (`--pause-generation-mode`, `retract` by default),
     `GET /flush_cache` unless the mode is `in_place` (asked again at once while refused, 60 times at most), the same
     update calls, `POST /post_process_weights` (`post_process_quantization` true: miles calls it after every
-    update), `POST /continue_generation {}`. A retract pause puts running requests back in the waiting queue, and
-    upstream SGLang refuses a flush while any request waits: requests a step left behind make the next sync fail
-    with a `TimeoutError` (miles' fork of SGLang lets a paused engine flush).
+    update), `POST /continue_generation {}`. A retract pause puts running requests back in the waiting queue.
+    Upstream SGLang refuses a flush while any request waits; the `sglang-miles` build miles runs (the bench's
+    server plays it for miles: `bench.server.profiles.ENGINES`) flushes while paused with nothing running. On
+    upstream's rule, requests a step left behind make the next sync fail with a `TimeoutError`.
 
 The trainer addresses each engine directly, never its router; the bench's server is both, so the calls go to the
 job's server. No weights are sent (CPU, no model): one update call carries the new version and empty `names`,
