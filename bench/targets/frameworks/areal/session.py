@@ -118,6 +118,8 @@ class Session:
                    and (index in self.episodes.errors or last)]
         records += [_failed(self.specs[index], self.episodes, index, framework) for index in dropped]
         self.emitted.update(dropped)
+        for index in (*taken, *dropped):
+            self.episodes.forget(index)
         return records
 
     def _record(self, index: int, batch: list[dict[str, Any]], framework: str) -> SampleRecord:

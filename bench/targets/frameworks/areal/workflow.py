@@ -34,6 +34,11 @@ class Episodes:
     accepted: dict[int, dict[str, Any]] = field(default_factory=dict)  # agent: the tensors AReaL's executor made
     finished: int = 0  # episodes that ended, returned or raised (`StepWorkflows`, a run of many steps)
 
+    def forget(self, index: int) -> None:
+        """Drop what was kept for a trajectory whose record went out (a run of many steps keeps only the rest)."""
+        for kept in (self.responses, self.errors, self.leaves, self.accepted):
+            kept.pop(index, None)
+
     def accept(self, index: int) -> Any:
         """A `should_accept_fn` for one submission: keeps every episode, and notes the tensors AReaL made of it."""
         def note(trajectory: dict[str, Any]) -> bool:
