@@ -130,6 +130,8 @@ async def _update_weights(request: web.Request, message: str, extra: dict[str, A
     _field(body, "model_path", "str")
     if _held(ctx, request.path, version):
         return wire.json_response({"success": True, "message": message} | extra)
+    if ctx.steps is not None:  # a multi-step run: the step's sync took effect (`StepBoard.applied`)
+        ctx.steps.applied(request.path, version)
     ctx.weight_update(request.path)
     if abort_all:
         ctx.state.abort(abort_all=True)

@@ -49,6 +49,7 @@ class StepState:
     published_by: str = BENCH  # ADAPTER: the adapter's trainer side published them through the admin routes
     trainer_version: str | None = None  # the version the adapter's trainer says it published for the step
     ignored_updates: list[dict[str, Any]] = field(default_factory=list)  # weight updates a `hold_weights` rule kept out
+    applied_updates: list[dict[str, Any]] = field(default_factory=list)  # weight updates the server applied
 
     @property
     def ended(self) -> bool:
@@ -143,6 +144,13 @@ class StepBoard:
         current = self.states[-1]
         current.ignored_updates.append({"endpoint": endpoint, "weight_version": version, "at": time.time()})
         return current.held_by
+
+    def applied(self, endpoint: str, version: str | None) -> None:
+        """A weight update the server applied (`version`: the one it named, None if it named none), on the running
+        step: `checks.weights_not_served` reads it when the update could not move the server's version label."""
+        if not self.closed and self.states:
+            self.states[-1].applied_updates.append({"endpoint": endpoint, "weight_version": version,
+                                                    "at": time.time()})
 
     def ran(self) -> int:
         """How many steps started."""

@@ -9,7 +9,9 @@
 - `step_late_requests`: requests of a step's trajectories that arrived once a later step had begun (its weights
   published, after the step's rollout returned): something the step started (an orphaned task, a thread) still
   calls the server. Requests arriving between a step's return and the next step's start are not counted: a
-  request sent just before the rollout raised can reach the server after it.
+  request sent just before the rollout raised can reach the server after it. A trajectory's step here is the one
+  that trained on it (handed over in it) when it was handed over: an asynchronous rollout (AReaL's
+  `prepare_batch`) generates a trajectory on through later steps until a step takes it, by design.
 - `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault
   reached (or naming none): what the earlier failure left behind (a dirtied singleton, a half-closed client) is
   the first suspect. The evidence has both errors and what the process held after each.
@@ -17,7 +19,10 @@
   not serve: the version the server held when the step's rollout began is not the one the trainer says it
   published (an update never sent, refused, or kept out by a `hold_weights` rule). The evidence has both versions,
   what the step was served, and the requests without a trajectory (the trainer's admin calls) that reached the
-  server between the previous step's return and the step's start.
+  server between the previous step's return and the step's start. An update the server applied before the step
+  began that named no version is the sync having taken effect: SGLang moves its version label only when an update
+  names one (`tokenizer_communicator_mixin.py`, `_update_weight_version_if_provided`), and AReaL's never do
+  (`sglang_remote.py`, `build_distributed_weight_update_requests`): its label stays where it was.
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ MIN_STEPS_FOR_GROWTH = WARM_UP_STEPS + 3
 _LISTED = 5
 
 
-def check_steps(board: StepBoard, requests: list[RequestRecord], fault_events: list[FaultEvent]) -> list[Violation]:
-    return [*resource_growth(board.states), *late_requests(board, requests), *carryover(board.states, fault_events),
-            *weights_not_served(board, requests)]
+def check_steps(board: StepBoard, requests: list[RequestRecord], fault_events: list[FaultEvent],
+                consumed: dict[str, int] | None = None) -> list[Violation]:
+    """`consumed`: the step each trajectory was handed over in (default: its own step)."""
+    return [*resource_growth(board.states), *late_requests(board, requests, consumed),
+            *carryover(board.states, fault_events), *weights_not_served(board, requests)]
 
 
 def _measured(states: list[StepState], key: str) -> list[tuple[int, Any]]:
@@ -97,12 +104,16 @@ def _growth(kind: str, series: list[tuple[int, Any]], first: int, states: list[S
                    "higher after every step than after the step before")})
 
 
-def late_requests(board: StepBoard, requests: list[RequestRecord]) -> list[Violation]:
-    """Requests of step k's trajectories that arrived after step k returned and step k+1 began."""
+def late_requests(board: StepBoard, requests: list[RequestRecord],
+                  consumed: dict[str, int] | None = None) -> list[Violation]:
+    """Requests of step k's trajectories (those handed over in step k) that arrived after step k returned and step
+    k+1 began."""
     by_step: dict[int, list[tuple[RequestRecord, int]]] = {}
     states = board.states
+    consumed = consumed or {}
     for request in requests:
-        step = board.step_of.get(request.trajectory or "")
+        trajectory = request.trajectory or ""
+        step = consumed.get(trajectory, board.step_of.get(trajectory))
         if step is None or step >= len(states) - 1:
             continue  # the last step that ran: nothing ran after it (its leftovers died with the worker)
         returned, following = states[step].returned, states[step + 1].started
@@ -163,7 +174,7 @@ def weights_not_served(board: StepBoard, requests: list[RequestRecord]) -> list[
     out = []
     for index, state in enumerate(board.states):
         if state.published_by != ADAPTER or state.trainer_version is None or state.began is None \
-                or state.trainer_version == state.weight_version:
+                or state.trainer_version == state.weight_version or _unlabelled_update(state):
             continue
         since = (board.states[index - 1].returned or 0.0) if index > 0 else 0.0
         calls = [{"endpoint": q.endpoint, "status": q.status, "seq": q.seq} for q in requests
@@ -185,6 +196,12 @@ def weights_not_served(board: StepBoard, requests: list[RequestRecord]) -> list[
              "versions_served": served, "held_by": state.held_by, "ignored_updates": state.ignored_updates,
              "admin_requests": calls[:3 * _LISTED]}))
     return out
+
+
+def _unlabelled_update(state: StepState) -> bool:
+    """Did the server apply, before the step began, a weight update naming no version (the label could not move)?"""
+    assert state.began is not None
+    return any(u["weight_version"] is None and u["at"] <= state.began for u in state.applied_updates)
 
 
 _TRAINED = ("completed", "truncated")

@@ -99,7 +99,7 @@ def finish(board: StepBoard, records: list[SampleRecord], requests: list[Request
     consumed = {r.trajectory: r.step for r in records if r.outcome != "lost"}
     for record in records:
         record.step = board.step_of.get(record.trajectory, 0)
-    violations = check_steps(board, requests, fault_events)
+    violations = check_steps(board, requests, fault_events, consumed)
     if max_lag is not None:
         violations += lag_bound(board, records, consumed, max_lag)
     summary = {"steps": board.steps, "ran": board.ran(), "on_step_failure": policy,

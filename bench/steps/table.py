@@ -36,9 +36,10 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
             "duration_s": None if duration is None else round(duration, 3),
             "samples_per_s": round(finished / duration, 2) if duration else None,
             "requests": len(asked),
-            # arrived once the next step had begun (`checks.late_requests`), or after the last step returned
-            "late_requests": sum(1 for q in asked if state.returned is not None and q.started > max(
-                state.returned, following.get(state.step, 0.0))),
+            # arrived once the step after the one that trained on it had begun (`checks.late_requests`), or after
+            # the last step returned
+            "late_requests": sum(1 for q in asked if _late(board, q, consumed.get(q.trajectory or "", state.step),
+                                                          following)),
             "versions_served": sorted({q.weight_version for q in asked if q.weight_version is not None}),
             "max_lag": _max_lag(state.trainer_weights, [r for r in records
                                                        if consumed.get(r.trajectory, r.step) == state.step]),
@@ -47,6 +48,12 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
             "rss_mb": round(resources["rss_bytes"] / 2**20, 1) if resources.get("rss_bytes") is not None else None,
         })
     return rows
+
+
+def _late(board: StepBoard, request: RequestRecord, step: int, following: dict[int, float]) -> bool:
+    """A request arriving once the step after `step` (the one that trained on its trajectory) had begun."""
+    returned = board.states[step].returned if step < len(board.states) else None
+    return returned is not None and request.started > max(returned, following.get(step, 0.0))
 
 
 def _max_lag(published: str, records: list[SampleRecord]) -> int | None:

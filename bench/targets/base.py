@@ -48,11 +48,16 @@ class RolloutJob:
     step: int = 0
     steps: int = 1
     on_step_failure: str = "stop"  # "continue": a step that raised is followed by the next one, same process
+    # the trajectories of the steps after this one, in order (empty in a one-step run): a rollout that generates
+    # ahead of training (AReaL's `prepare_batch`) submits them before their step; their records still go out
+    # when a step hands them to the trainer
+    later: list[TrajectorySpec] = field(default_factory=list)
 
     def for_step(self, step: int) -> "RolloutJob":
         """The job of one step: its equal slice of the trajectories (the bench checked they divide evenly)."""
         size = len(self.trajectories) // self.steps
-        return dataclasses.replace(self, trajectories=self.trajectories[step * size:(step + 1) * size], step=step)
+        return dataclasses.replace(self, trajectories=self.trajectories[step * size:(step + 1) * size], step=step,
+                                   later=self.trajectories[(step + 1) * size:size * self.steps])
 
     def groups(self) -> dict[str, list[TrajectorySpec]]:
         grouped: dict[str, list[TrajectorySpec]] = {}

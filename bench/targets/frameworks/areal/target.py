@@ -19,8 +19,19 @@ Every request names its trajectory (`X-Bench-Trajectory`, `naming.py`), so fault
 A sample's response ids, logprobs and loss mask are AReaL's tensors (the workflow's result, or for
 `agent` what AReaL's executor handed its `should_accept_fn`), never rebuilt from the trace.
 
-Variant: `plain` (AReaL as shipped; no seed pattern of its own). The engine's per-token `versions` are
-AReaL's own weight counter, not the server's `weight_version`: they go to `details`, not `weight_versions`.
+Variant: `plain` (AReaL as shipped; no seed pattern of its own).
+
+Weight versions: AReaL stamps each generated token with its engine's own version counter (`versions`), the one its
+trainer moves with `set_version` after every weight sync; its syncs never name a version to the server, so the
+server's `weight_version` label does not move with them (`weights`). The counter is the only record of which policy
+generated a token, so a sample's `weight_versions` are the counter's values on its trained tokens (also in
+`details["versions"]`); in a one-step run nothing moves it: all 0.
+
+Many steps (`run --steps K`, `session`): the engine and its executor live from step 0 to the last; each step is
+AReaL's `prepare_batch`, and `update_weights(job)` is AReaL's trainer's weight sync (`weights`). Option
+`max_head_offpolicyness` (AReaL's `rollout.max_head_offpolicyness`; its default 0 is synchronous, its GSM8K GRPO
+example's 2): how far generation may run ahead of training; the adapter declares it as its `max_weight_lag` when
+given. A one-step run is one `submit` per trajectory and one `wait`, as before (the bound unlimited).
 """
 
 from __future__ import annotations
@@ -59,6 +70,8 @@ class ArealTarget:
         if variant not in VARIANTS:
             raise ValueError(f"areal has variants {', '.join(VARIANTS)}, not {variant!r}")
         self.name = f"areal:{variant}"
+        self.session: Any = None  # a run of many steps: AReaL's engine from step 0 to the last (`session.Session`)
+        self.offpolicyness: int | None = None
 
     def warm_up(self, options: dict[str, Any]) -> None:
         """torch, transformers and AReaL's engine (seconds); no thread or pool starts before the job."""
@@ -67,12 +80,60 @@ class ArealTarget:
         import areal.experimental.openai  # noqa: F401
         import areal.workflow.rlvr  # noqa: F401
 
+        self.offpolicyness = _offpolicyness(options)
+
     def framework_info(self) -> dict[str, str]:
-        return {"framework": DISTRIBUTION, "version": importlib.metadata.version(DISTRIBUTION)}
+        """The installed AReaL, and the staleness it is configured to accept when the run configures it:
+        `max_head_offpolicyness` versions (AReaL's bound on how far generation runs ahead of training)."""
+        info = {"framework": DISTRIBUTION, "version": importlib.metadata.version(DISTRIBUTION)}
+        offpolicyness = getattr(self, "offpolicyness", None)
+        return info if offpolicyness is None else info | {"max_weight_lag": str(offpolicyness)}
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
-        for record in await asyncio.to_thread(self._rollout, job):
+        if job.steps > 1:
+            records = await asyncio.to_thread(self._step, job)
+        else:
+            records = await asyncio.to_thread(self._rollout, job)
+        for record in records:
             emit(record)
+
+    async def update_weights(self, job: RolloutJob) -> str:
+        """AReaL's trainer side before a step of a run of many (`weights`): its engine made before step 0, as the
+        trainer makes it before connecting its actor to it. Returns the engine's version, the one it published."""
+        return await asyncio.to_thread(self._sync, job)
+
+    def _sync(self, job: RolloutJob) -> str:
+        from .session import Session
+
+        if job.step == 0 or self.session is None:
+            self._stop()
+            session = Session(job, _offpolicyness(job.options) or 0)
+            try:
+                session.start()
+            except BaseException:
+                session.stop()
+                raise
+            self.session = session
+        return self.session.sync(job.step)
+
+    def _step(self, job: RolloutJob) -> list[SampleRecord]:
+        if self.session is None:
+            raise RuntimeError(f"areal step {job.step}: no engine (its weight sync, `update_weights`, did not run)")
+        last = job.step == job.steps - 1
+        try:
+            records = self.session.step(job)
+        except BaseException:
+            if job.on_step_failure == "stop":
+                self._stop()  # the run ends here: the trainer's engine goes with it
+            raise
+        if last:
+            self._stop()
+        return records
+
+    def _stop(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            session.stop()
 
     def _rollout(self, job: RolloutJob) -> list[SampleRecord]:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -86,7 +147,7 @@ class ArealTarget:
         tokenizer = AutoTokenizer.from_pretrained(str(job.tokenizer_path))
         config = InferenceEngineConfig(backend="sglang:d1", tokenizer_path=str(job.tokenizer_path),
                                        max_concurrent_rollouts=job.concurrency, consumer_batch_size=1,
-                                       max_head_offpolicyness=10**9)
+                                       max_head_offpolicyness=10**9)  # one version: nothing to bound
         engine = RemoteSGLangEngine(config)
         address = urlparse(job.base_url)
         engine.initialize(addr=f"{address.hostname}:{address.port}")
@@ -103,6 +164,21 @@ class ArealTarget:
         returned = {int(result[INDEX_KEY].item()): result for result in results if result is not None}
         return [_record(spec, returned.get(index), episodes, index, framework)
                 for index, spec in enumerate(job.trajectories)]
+
+
+def _offpolicyness(options: dict[str, Any]) -> int | None:
+    """The `max_head_offpolicyness` option (None: not given)."""
+    value = options.get("max_head_offpolicyness")
+    if value is None:
+        return None
+    if not str(value).isdigit():
+        raise ValueError(f"areal option max_head_offpolicyness={value!r}: expected a whole number of versions >= 0")
+    return int(value)
+
+
+def _versions(versions: list[int]) -> list[str]:
+    """The distinct versions of AReaL's counter on a sample's trained tokens, oldest first."""
+    return [str(v) for v in sorted(set(versions))]
 
 
 def _submit_rlvr(engine: Any, job: RolloutJob, tokenizer: Any, episodes: Any) -> None:
@@ -167,7 +243,7 @@ def _record(spec: TrajectorySpec, result: dict[str, Any] | None, episodes: Any, 
     return SampleRecord(spec.id, spec.group, outcome, status=stop_reason, prompt_length=prompt_length,
                         response_ids=response, logprobs=result["logprobs"][0].tolist()[prompt_length:],
                         loss_mask=mask[prompt_length:], response_length=len(response),
-                        reward=float(result["rewards"][0].item()),
+                        reward=float(result["rewards"][0].item()), weight_versions=_versions(versions),
                         details={"framework": framework, "versions": versions})
 
 
@@ -195,11 +271,10 @@ def _agent_record(spec: TrajectorySpec, episodes: Any, index: int, framework: st
     prompt_length = root.model_response.input_len
     last = leaf.model_response
     outcome = "truncated" if last.stop_reason == "length" else "completed"
+    trained = sorted({v for v, m in zip(result["versions"][row].tolist()[:length], mask) if m})  # AReaL's counter
     return SampleRecord(spec.id, spec.group, outcome, status=last.stop_reason, prompt_length=prompt_length,
                         response_ids=ids[prompt_length:], logprobs=logprobs[prompt_length:],
                         loss_mask=mask[prompt_length:], response_length=length - prompt_length,
-                        reward=float(result["rewards"][row].item()),
+                        reward=float(result["rewards"][row].item()), weight_versions=_versions(trained),
                         details={"framework": framework, "workflow": "agent", "export": "concat",
-                                 "leaves": len(leaves), "rows": rows, "turns": turns,
-                                 "versions": sorted({v for v, m in zip(result["versions"][row].tolist()[:length], mask)
-                                                     if m})})  # AReaL's weight counter on trained tokens
+                                 "leaves": len(leaves), "rows": rows, "turns": turns, "versions": trained})

@@ -1,0 +1,46 @@
+"""The cross-step checks on a rollout that generates ahead (AReaL's `prepare_batch`) and a trainer whose weight
+sync names no version (AReaL's): built step states, no worker (the real runs are `tests/test_steps_areal.py`)."""
+
+from __future__ import annotations
+
+from bench.records.request_log import RequestRecord
+from bench.steps.board import ADAPTER, StepBoard, StepState
+from bench.steps.checks import late_requests, weights_not_served
+
+
+def _board(*states: StepState) -> StepBoard:
+    board = StepBoard(None, None, len(states), {"t0": 0, "t1": 1, "t2": 2})
+    board.states = list(states)
+    return board
+
+
+def _steps() -> tuple[StepState, StepState, StepState]:
+    """Steps 0, 1, 2 beginning at 0, 10, 20 and returning at 9, 19, 29."""
+    return tuple(StepState(k, 10.0 * k, "0", began=10.0 * k, returned=10.0 * k + 9,  # type: ignore[return-value]
+                           published_by=ADAPTER, trainer_version=str(k)) for k in range(3))
+
+
+def test_a_trajectory_generating_on_until_the_step_that_takes_it_is_not_late() -> None:
+    board = _board(*_steps())
+    during_step_1 = [RequestRecord(15.0, "/generate", trajectory="t0")]  # t0 is step 0's, still generating
+    assert [v.invariant for v in late_requests(board, during_step_1)] == ["step_late_requests"]  # synchronous
+    assert late_requests(board, during_step_1, consumed={"t0": 1}) == []  # handed over in step 1: in time
+    after_its_step = [RequestRecord(25.0, "/generate", trajectory="t0")]  # once step 2 had begun
+    late = late_requests(board, after_its_step, consumed={"t0": 1})
+    assert [(v.evidence["step"], v.evidence["during_steps"]) for v in late] == [(1, [2])]
+
+
+def test_an_update_naming_no_version_counts_as_the_sync_only_when_the_server_applied_it() -> None:
+    steps = _steps()
+    board = _board(*steps)
+    assert [v.evidence["step"] for v in weights_not_served(board, [])] == [1, 2]  # the label stayed at 0
+    for state in steps[1:]:
+        state.applied_updates.append({"endpoint": "/update_weights_from_distributed", "weight_version": None,
+                                      "at": state.began - 1})
+    assert weights_not_served(board, []) == []
+    steps[2].applied_updates.clear()  # held: answered, not applied (`StepBoard.hold` records it elsewhere)
+    steps[2].ignored_updates.append({"endpoint": "/update_weights_from_distributed", "weight_version": None,
+                                     "at": steps[2].began - 1})
+    assert [v.evidence["step"] for v in weights_not_served(board, [])] == [2]
+    steps[1].applied_updates[0]["at"] = steps[1].began + 1  # applied only once the step's rollout had begun
+    assert [v.evidence["step"] for v in weights_not_served(board, [])] == [1, 2]
