@@ -214,7 +214,7 @@ class _Trainer:
         errors, _settled = ray.get(self.ledger.report.remote())
         finish = ray.get(self.engine.finish_reasons_seen.remote())
         rejected = {uid: why for uid, why in self.rollout.rejected.items() if uid in groups}  # this step's
-        records = _records(job, groups, batch.keys, rows, finish, self.framework)
+        records = _records(job, groups, batch.keys, batch.tags, rows, finish, self.framework)
         return records + _refused(groups, rejected, errors, self.framework), batch
 
     def stop(self) -> None:
@@ -272,9 +272,10 @@ def _prompts(groups: dict[str, list[TrajectorySpec]], global_steps: int) -> Any:
     return batch
 
 
-def _records(job: RolloutJob, groups: dict[str, list[TrajectorySpec]], keys: list[str], rows: Any,
-             finish: dict[str, str | None], framework: str) -> list[SampleRecord]:
-    """What `sample()` handed the trainer, one record per row."""
+def _records(job: RolloutJob, groups: dict[str, list[TrajectorySpec]], keys: list[str], tags: list[dict[str, Any]],
+             rows: Any, finish: dict[str, str | None], framework: str) -> list[SampleRecord]:
+    """What `sample()` handed the trainer, one record per row. Where verl tags a row with the weight versions it was
+    generated under (0.9.1: `min_global_steps`, from its server actor's `global_steps`), `details` keeps them."""
     by_id = {spec.id: spec for spec in job.trajectories}
     members = _members(groups)
     records = []
@@ -286,10 +287,14 @@ def _records(job: RolloutJob, groups: dict[str, list[TrajectorySpec]], keys: lis
         mask = rows["response_mask"][position].tolist()
         logprobs = rows["rollout_log_probs"][position].tolist() if "rollout_log_probs" in rows else None
         reason = finish.get(spec.id)
+        details: dict[str, Any] = {"framework": framework, "key": key}
+        tag = tags[position]
+        if "min_global_steps" in tag:
+            details["global_steps"] = [tag.get("min_global_steps"), tag.get("max_global_steps")]
         records.append(SampleRecord(spec.id, spec.group, "truncated" if reason == "length" else "completed",
                                     status=reason, prompt_length=len(prompt), response_ids=response,
                                     logprobs=logprobs, loss_mask=mask, response_length=len(response),
-                                    details={"framework": framework, "key": key}))
+                                    details=details))
     return records
 
 
