@@ -181,11 +181,10 @@ class _Trainer:
     async def sync_weights(self, job: RolloutJob) -> None:
         """The trainer's weight sync before step `job.step`; 0.9.1 names the step its weights come from: 0 before
         the first (`on_init_end`), then the step just trained (`on_step_end`), `global_steps` = `job.step`."""
-        set_global_steps = None
-        if self.version.PUBLISHES_GLOBAL_STEPS:
-            async def set_global_steps() -> None:
-                await self.engine.set_global_steps.remote(job.step)
-        await weights.wake_and_update(job.base_url, set_global_steps)
+        async def set_global_steps() -> None:
+            await self.engine.set_global_steps.remote(job.step)
+
+        await weights.wake_and_update(job.base_url, set_global_steps if self.version.PUBLISHES_GLOBAL_STEPS else None)
 
     def run_step(self, job: RolloutJob) -> tuple[list[SampleRecord], Any]:
         """Step `job.step` as `PPOTrainer.step` plays it (`global_steps` = step + 1: verl counts from 1); its

@@ -30,7 +30,7 @@ No weights are sent (CPU, no model): the update call carries an empty `serialize
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 
@@ -46,7 +46,7 @@ async def sleep(base_url: str) -> None:
         await _post(http, base_url, "/release_memory_occupation", {"tags": SLEEP_TAGS})
 
 
-async def wake_and_update(base_url: str, set_global_steps: Any = None) -> bool:
+async def wake_and_update(base_url: str, set_global_steps: Callable[[], Awaitable[None]] | None = None) -> bool:
     """One weight sync: resume weights, update, flush, (`set_global_steps`, awaited), resume the KV cache.
     False if the flush was refused every time (verl logs that and goes on)."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as http:
