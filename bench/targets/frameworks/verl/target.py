@@ -163,7 +163,9 @@ class _Trainer:
         from .engine import BenchEngine
 
         self.version = version = _version_module()
-        self.scratch = tempfile.TemporaryDirectory(prefix="rollout-bench-verl-")
+        # inside Ray's session folder: a worker killed before its teardown leaves it there, and the next run's
+        # `local_ray.session_dir` removes both (a folder of its own in /tmp stayed behind)
+        self.scratch = tempfile.TemporaryDirectory(prefix="verl-", dir=self.session, ignore_cleanup_errors=True)
         groups = self.job.groups()
         self.response_length = _response_length(self.job)
         prompt_length = self.job.context_length - self.response_length
