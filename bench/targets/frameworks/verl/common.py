@@ -5,7 +5,9 @@ is added here is bookkeeping only:
 - `SessionBookkeeping._run_agent_loop` runs verl's under the trajectory the session is (the group's member
   at `session_id`) and notes in the `Ledger` actor how it ended (the error it raised, with its
   traceback), then lets verl handle it exactly as before;
-- `BenchLLMClient.generate` passes that trajectory to the server handle (`engine.BenchEngine`).
+- `BenchLLMClient.generate` passes that trajectory to the server handle (`engine.BenchEngine`);
+- `SessionBookkeeping._compute_score`, where verl scores each session before writing its row, fails a session
+  whose reply carries the `raise_after_generate` poison, as a reward function that cannot parse it would.
 
 verl's worker class sits beneath a `@ray.remote` and cannot be subclassed as such: that class is not
 importable by name (the module attribute is Ray's wrapper), so Ray ships a copy of it, and the copy's
@@ -29,6 +31,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 
 from bench.records.attribution import CURRENT_TRAJECTORY, trajectory_scope
 from bench.records.sample import ErrorInfo
+from faults.hooks import raise_if_poisoned
 
 from .engine import TRAJECTORY_KEYWORD
 
@@ -106,12 +109,21 @@ class SessionBookkeeping(AgentLoopWorker):
         await ledger.note.remote(session, None)
         return result
 
+    async def _compute_score(self, outputs: list[Any], kwargs: dict[str, Any]) -> None:
+        """verl's scoring step (`AgentLoopWorker._compute_score`, awaited by the TQ worker's
+        `_agent_loop_postprocess` before the session's row is written). The run has no reward-loop workers, so
+        verl scores nothing here; the bench stands in for the user's reward function (`reward.custom_reward_function`,
+        which verl's `RewardLoopWorker` runs from this call) only to raise on a poisoned reply: the session fails
+        and writes no row, as when that function raises."""
+        raise_if_poisoned(self.tokenizer.decode(outputs[-1].response_ids, skip_special_tokens=True))
+        await AgentLoopWorker._compute_score(self, outputs, kwargs=kwargs)
+
 
 def adopt_methods(bench_class: type, shipped_actor_class: Any) -> Any:
-    """Give `bench_class` every method of verl's worker class but the two restated here; its Ray actor class."""
+    """Give `bench_class` every method of verl's worker class but those restated here; its Ray actor class."""
     shipped = shipped_actor_class.__ray_actor_class__
     for name, value in vars(shipped).items():
-        if callable(value) and name not in ("__init__", "_run_agent_loop"):
+        if callable(value) and name not in ("__init__", "_run_agent_loop", "_compute_score"):
             setattr(bench_class, name, value)
     return ray.remote(bench_class)
 

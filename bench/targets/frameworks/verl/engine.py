@@ -38,6 +38,7 @@ class BenchEngine:
         self.prompt_length, self.response_length = prompt_length, response_length
         self.context_length = context_length
         self.finish_reasons: dict[str, str | None] = {}  # trajectory -> the finish reason of its last answer
+        self.global_steps: int | None = 0  # verl's weight version, stamped on every answer (`set_global_steps`)
         self._http: aiohttp.ClientSession | None = None
 
     async def generate(self, prompt_ids: Any, sampling_params: dict[str, Any], request_id: str,
@@ -82,7 +83,12 @@ class BenchEngine:
             else:  # verl's server drops both when they disagree (an abort, max_new_tokens=0)
                 token_ids, log_probs = [], []
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason=finish_type,
-                           extra_fields={"global_steps": 0})
+                           extra_fields={"global_steps": self.global_steps})
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        """The trainer's weight sync names the step its weights come from (SGLangHttpServer.set_global_steps).
+        Until then 0, the version verl 0.9.1's trainer sets before its first step."""
+        self.global_steps = global_steps
 
     async def finish_reasons_seen(self) -> dict[str, str | None]:
         return dict(self.finish_reasons)

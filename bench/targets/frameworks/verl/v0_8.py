@@ -7,6 +7,11 @@ What runs is verl's: `AgentLoopManagerTQ.generate_sequences` (root markers `runn
 verl's `SingleTurnAgentLoop`, `LLMServerClient` and `GlobalRequestLoadBalancer`, and `ReplayBuffer.sample()`,
 which waits until no root of the step is `running` and returns the `success` rows (root statuses unread).
 
+Across steps (`run --steps K`) one manager and one buffer serve every step, as in `PPOTrainer.fit`: each step's
+prompts carry its `global_steps`, `sample()` waits for that step's roots only, and after the step the trainer
+clears the batch's rows from TransferQueue and the buffer (`fit`, its cleanup). The roots' own entries stay, as
+verl leaves them. verl's `fit` passes no `global_steps` to its weight sync (`PUBLISHES_GLOBAL_STEPS`).
+
 `FailClosedReplayBuffer` is the `patched` variant: our own fail-closed `sample()` for the pattern verl#6641
 fixes. A root that ended `failure`, or `finished` with fewer successful sessions (unique session ids, not
 rows) than it expected, is not trained on: its keys leave the batch and the refusal is kept in `rejected`.
@@ -18,6 +23,8 @@ from typing import Any
 
 from verl.trainer.main_ppo_sync import AgentLoopManagerTQ, AgentLoopWorkerTQ, KVBatchMeta, ReplayBuffer
 from verl.workers.rollout.llm_server import GlobalRequestLoadBalancer
+
+import transfer_queue as tq
 
 from .common import EXPECTED_KEY, MEMBERS_KEY, SessionBookkeeping, StartsBenchWorkers, adopt_methods, complete_groups
 
@@ -47,6 +54,7 @@ class FailClosedReplayBuffer(ReplayBuffer):
     def __init__(self, poll_interval: float = 1.0) -> None:
         super().__init__(poll_interval=poll_interval)
         self.rejected: dict[str, str] = {}  # uid -> why it was not trained on
+        self.left_out: list[str] = []  # rows of refused groups, cleared with the batch's once the step is done
 
     def sample(self, partition_id: str, global_steps: int | None = None, batch_size: int | None = None) -> Any:
         batch = super().sample(partition_id, global_steps=global_steps, batch_size=batch_size)
@@ -55,11 +63,16 @@ class FailClosedReplayBuffer(ReplayBuffer):
                      for key, tag in self.partitions[partition_id].items()
                      if "_" not in key and tag.get("global_steps") == global_steps}
         keys, tags = complete_groups(batch.keys, batch.tags, roots, self.rejected)
+        kept = set(keys)
+        self.left_out.extend(key for key in batch.keys if key not in kept)
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags)
 
 
+PUBLISHES_GLOBAL_STEPS = False  # `fit` calls `checkpoint_manager.update_weights()` with no step
+
+
 class Rollout:
-    """One step's dispatch and sample, as 0.8.0's `PPOTrainer.step` does them."""
+    """A step's dispatch and sample, as 0.8.0's `PPOTrainer.step` does them, and the cleanup `fit` makes after it."""
 
     def __init__(self, config: Any, variant: str, llm_client: Any, poll_s: float) -> None:
         self.buffer = (FailClosedReplayBuffer if variant == "patched" else ReplayBuffer)(poll_s)
@@ -75,6 +88,15 @@ class Rollout:
 
     def sample(self, step: int, groups: int) -> Any:
         return self.buffer.sample(partition_id="train", global_steps=step)
+
+    def finish_step(self, batch: Any) -> None:
+        """`fit` after a step: the batch's rows out of TransferQueue and the buffer (`patched`: refused rows too)."""
+        keys = list(batch.keys) + list(getattr(self.buffer, "left_out", []))
+        if keys:
+            tq.kv_clear(keys=keys, partition_id="train")
+        self.buffer.remove("train", keys)
+        if isinstance(self.buffer, FailClosedReplayBuffer):
+            self.buffer.left_out.clear()
 
     def running(self) -> list[str]:
         with self.buffer.lock:
