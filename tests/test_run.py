@@ -157,3 +157,17 @@ def test_work_done_while_the_worker_starts_is_not_the_benchs_overhead() -> None:
     print(f"bench CPU: {figures['plain']:.3f} s plain, {figures['side']:.3f} s with 1 s of CPU on the side")
     assert figures["inside"]  # all of the side work fell inside the measured run
     assert abs(figures["side"] - figures["plain"]) < 0.45
+
+
+def test_the_report_names_the_sglang_build_the_server_played(tmp_path: Path) -> None:
+    """A behaviour judged is one SGLang build's (miles runs a fork whose flush rule differs): the report says which."""
+    from bench.report import format_summary
+
+    default = write_report(_run("ref-gather:fixed", n=8), tmp_path / "default")
+    assert default["server"] == {"sglang_version": "0.5.15", "sglang_build": "sglang", "openai_flavor": "vllm",
+                                 "router_version": "0.3.2"}
+    assert "build sglang" not in format_summary(default)  # the default build is not announced
+    fork = write_report(_run("ref-gather:fixed", n=8, server_options={"engine": "sglang-miles"}), tmp_path / "fork")
+    assert fork["server"]["sglang_build"] == "sglang-miles"
+    assert "SGLang 0.5.15, build sglang-miles" in format_summary(fork)
+    assert json.loads((tmp_path / "fork" / "summary.json").read_text())["server"] == fork["server"]

@@ -131,6 +131,7 @@ class RunResult:
     interrupted: str | None = None
     violations_not_judged: int = 0  # found on trajectories the interruption cut off, or on the whole run: dropped
     steps: dict[str, Any] | None = None  # a multi-step run's per-step table and first violation (`bench.steps.run`)
+    server: dict[str, str] | None = None  # the SGLang version and build the server played (`ServerConfig.played`)
 
     def __repr__(self) -> str:
         """Short: `asyncio.run` formats the finished main task's result when it restores the SIGINT handler, and
@@ -438,7 +439,8 @@ async def _run_with(target: TargetAdapter, config: RunConfig, started: float, cl
                          provenance={t: a.label for t, a in provenance.assess(view).items()},
                          tokens_source=view.tokens_source, framework=framework,
                          worker_log=isolated.log_text() if isolated else None, interrupted=interrupted,
-                         violations_not_judged=len(violations) - len(judged), steps=step_table)
+                         violations_not_judged=len(violations) - len(judged), steps=step_table,
+                         server=server.context.config.played())
 
 
 RUN_REPLY_CACHE_BYTES = 2**20  # a run's saved replies (`native_fast.ReplyCache`): its retries come soon after

@@ -19,6 +19,7 @@ from bench.invariants.root_cause import root_cause
 from bench.invariants.vacuity import reach
 from bench.orchestration.runner import RunResult
 from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES
+from bench.server.profiles import DEFAULT_ENGINE
 from bench.server.router import GENERATION_ROUTES
 from bench.steps.report import step_lines
 
@@ -156,6 +157,7 @@ def summarize(result: RunResult, tables: dict[str, pd.DataFrame]) -> dict[str, A
         "fidelity": fidelity.to_dict(result.config.bounds.max_drift_share) if result.config.upstream is None
         else not_applicable(result.config.upstream),
         "upstream": result.config.upstream,
+        "server": result.server,  # the SGLang version and build the mock played: a behaviour judged is one build's
         "violations": [v.to_dict() for v in result.violations],
         "violated_invariants": sorted({v.invariant for v in result.violations}),
         # violations a known-findings file declared (reported, not failures): `bench.orchestration.known`
@@ -210,6 +212,8 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
                            "run not judged")] if interrupted else []),
         ("target", summary["target"]),
         *([("framework", framework_line(summary["framework"]))] if summary.get("framework") else []),
+        *([("server", f"SGLang {served['sglang_version']}, build {served['sglang_build']}")]
+          if (served := summary.get("server")) and served["sglang_build"] != DEFAULT_ENGINE else []),
         ("plan / seed", f"{summary['plan']} / {summary['seed']}"),
         ("trajectories", f"{summary['trajectories']} ({outcomes})"),
         ("drop rate", f"{summary['drop_rate']:.2%}"),

@@ -53,6 +53,11 @@ class ServerConfig:
     def model_name(self) -> str:
         return self.served_model_name or self.model
 
+    def played(self) -> dict[str, str]:
+        """What the server played, for the report: a run judged against one SGLang's behaviour says which."""
+        return {"sglang_version": self.profile.name, "sglang_build": self.engine, "openai_flavor": self.openai_flavor,
+                "router_version": self.router_version}
+
 
 class ServerContext:
     def __init__(self, config: ServerConfig, store: TraceStore | None, tokenizer: ByteBPETokenizer,
