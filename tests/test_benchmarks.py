@@ -188,6 +188,18 @@ def test_scale_curve_run_cpu_quick_measures_the_issue_run_and_splits_it_by_phase
 
 
 @pytest.mark.slow
+def test_scale_curve_run_cpu_warm_reads_the_trace_back_from_a_cache_of_its_own(tmp_path: Path) -> None:
+    """`--trace-cache warm`: the runs read agentic-500 back from a cache a first load filled, so the split run's trace
+    load costs less than a cold run's; the user's cache is not involved (the folder is the benchmark's own)."""
+    loads = {}
+    for mode in ("cold", "warm"):
+        result, _ = _bench("scale_curve", tmp_path / mode, "--run-cpu", "--trace-cache", mode, results="run_cpu")
+        assert result["parameters"]["trace_cache"] == mode
+        (loads[mode],) = [p["cpu_s"] for p in result["split"]["phases"] if p["phase"].startswith("trace load")]
+    assert 0 < loads["warm"] < loads["cold"], loads
+
+
+@pytest.mark.slow
 def test_repro_warm_quick_times_a_cold_and_a_forked_repro(tmp_path: Path) -> None:
     result, stdout = _bench("repro_warm", tmp_path)
     assert result["parameters"]["target"] == "ref-gather"
