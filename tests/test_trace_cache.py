@@ -167,6 +167,13 @@ def test_the_cache_is_bounded_least_recently_used_first(tmp_path: Path, small_ag
     os.utime(first, (old, old))
     TraceStore.load(two, cache=bound)
     assert [e.name for e in entries(bound)] == [bound.entry(two.resolve()).name]
+    writing = bound.folder / f"{trace_cache.WRITING}other{trace_cache.SUFFIX}"  # another process's write, going on
+    writing.write_bytes(b"x" * 1000)
+    abandoned = bound.folder / f"{trace_cache.WRITING}dead{trace_cache.SUFFIX}"  # a dead process's, hours old
+    abandoned.write_bytes(b"x")
+    os.utime(abandoned, (AN_HOUR_AGO - 60, AN_HOUR_AGO - 60))
+    trace_cache.trim(TraceCache(bound.folder, 0))
+    assert writing.exists() and not abandoned.exists()
     tiny = TraceCache(tmp_path / "tiny", 100)  # an entry bigger than the whole cache is not written
     TraceStore.load(one, cache=tiny)
     assert not entries(tiny)

@@ -50,6 +50,8 @@ RACY_S = 2.0  # a trace modified this recently is loaded, not cached: an edit wi
 FORMAT = 2  # this module's entry layout
 MAGIC = b"rollout-bench trace cache\n"
 SUFFIX = ".store"
+WRITING = ".writing-"  # an entry being written; one older than ABANDONED_S was left by a process that died
+ABANDONED_S = 3600.0
 _LENGTH = struct.Struct("<I")
 
 
@@ -150,7 +152,7 @@ def write(cache: TraceCache, store: "TraceStore", key: dict[str, Any]) -> Path |
     entry = cache.entry(path)
     try:
         cache.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        handle, temporary = tempfile.mkstemp(dir=cache.folder, prefix=".writing-", suffix=SUFFIX)
+        handle, temporary = tempfile.mkstemp(dir=cache.folder, prefix=WRITING, suffix=SUFFIX)
         try:
             with os.fdopen(handle, "wb") as out:
                 out.write(MAGIC + _LENGTH.pack(len(header)) + header)
@@ -169,11 +171,14 @@ def write(cache: TraceCache, store: "TraceStore", key: dict[str, Any]) -> Path |
 def trim(cache: TraceCache, keep: Path | None = None) -> None:
     """Remove the least recently used entries until the cache fits its bound (never `keep`)."""
     entries = []
+    abandoned_before = time.time_ns() - int(ABANDONED_S * 1e9)
     for entry in cache.folder.glob("*" + SUFFIX):
         try:
             status = entry.stat()
         except FileNotFoundError:
             continue  # another process trimmed it
+        if entry.name.startswith(WRITING) and status.st_mtime_ns > abandoned_before:
+            continue  # another process is writing it
         entries.append((status.st_mtime_ns, status.st_size, entry))
     total = sum(size for _, size, _ in entries)
     for _, size, entry in sorted(entries, key=lambda e: e[0]):
