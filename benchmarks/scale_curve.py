@@ -25,7 +25,9 @@ process; per round the bench's CPU per generation request (the summary's `bench_
 and its ratio to the target's CPU in the same run (the worker's: a ratio within one run holds better than a
 figure across runs on a shared machine), with the load average. `--phases` adds one round split by phase
 (`benchmarks.scale_run --phases`): what each synchronous part costs per request, and the rest (aiohttp, the event
-loop, the middleware, the pacing). Results in `run_cpu.{json,csv,md}`.
+loop, the middleware, the pacing). Results in `run_cpu.{json,csv,md}`. Every run loads its trace cold (the trace
+cache off, so nothing is written to the user's cache either); `--run-cpu --trace-cache warm` reads agentic-500 back
+from a cache folder of the benchmark's own instead, as a repeated nightly run does.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.replay.cache import CACHE_ENV
 
 from .common import DEFAULT_OUT, machine, print_table, write_results
 
@@ -82,15 +86,18 @@ def run_cell(trace: Path, folder: Path, args: argparse.Namespace) -> dict[str, A
                          str(args.time_scale), "--concurrency", str(args.concurrency)], folder, trace.name)
 
 
-def run_measured(run_args: list[str], folder: Path, name: str, *, phases: bool = False) -> dict[str, Any]:
+def run_measured(run_args: list[str], folder: Path, name: str, *, phases: bool = False,
+                 trace_cache: str = "off") -> dict[str, Any]:
     """`rollout-bench run RUN_ARGS` in its own process (`benchmarks.scale_run`), no repro reruns, no warm worker;
-    its summary and requests joined with its rusage (and its CPU by phase, with `phases`)."""
+    its summary and requests joined with its rusage (and its CPU by phase, with `phases`). `trace_cache`: "off" (a
+    cold load, and nothing written to the user's cache) or the cache folder the run reads (`bench.replay.cache`)."""
     report, result = folder / "report", folder / "rusage.json"
     command = [sys.executable, "-m", "benchmarks.scale_run", *(["--phases"] if phases else []), str(result), "run",
                *run_args, "--repro-reruns", "0", "--cold", "--out", str(report)]
     clock = time.perf_counter()
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=Path(__file__).resolve().parent.parent)
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", CACHE_ENV: trace_cache},
+                          cwd=Path(__file__).resolve().parent.parent)
     wall = time.perf_counter() - clock
     if done.returncode != 0 or not result.exists():
         raise RuntimeError(f"rollout-bench run over {name} failed (status {done.returncode}):\n"
@@ -251,6 +258,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="measure issue 18's run (ref-tool-loop:fixed, seed-004, agentic-500) instead of the grid")
     parser.add_argument("--rounds", type=int, default=3, help="--run-cpu: runs measured (3)")
     parser.add_argument("--phases", action="store_true", help="--run-cpu: one more run, split by phase")
+    parser.add_argument("--trace-cache", choices=("cold", "warm"), default="cold",
+                        help="--run-cpu: load agentic-500 in every run (cold, the default) or read it back from a "
+                             "trace cache a first load filled (warm)")
     parser.add_argument("--replot", type=Path, metavar="JSON",
                         help="only redraw the plot and the markdown table of an earlier run's scale_curve.json")
     args = parser.parse_args(argv)
@@ -292,18 +302,26 @@ def run_cpu(args: argparse.Namespace) -> int:
     """Issue 18's run, `--rounds` times (and once split by phase with `--phases`)."""
     info = machine()
     parameters = {"command": "rollout-bench run " + " ".join(RUN_CPU_ARGS), "trace": "agentic-500",
-                  "rounds": args.rounds, "n": args.n, "phases": args.phases, "aim_us_per_request": RUN_CPU_AIM_US}
+                  "rounds": args.rounds, "n": args.n, "phases": args.phases, "trace_cache": args.trace_cache,
+                  "aim_us_per_request": RUN_CPU_AIM_US}
     print(f"machine: {info['cores']} cores, {info['cpu']}, Python {info['python']}, {info['date']}")
     print("parameters: " + ", ".join(f"{k}={v}" for k, v in parameters.items()))
     run_args = RUN_CPU_ARGS + (["--n", str(args.n)] if args.n else [])
     scratch = Path(tempfile.mkdtemp(prefix="rb-run-cpu-"))
     rows: list[dict[str, Any]] = []
     split: dict[str, Any] | None = None
+    trace_cache = "off"
     try:
+        if args.trace_cache == "warm":  # a cache of the benchmark's own, its entry written by a load not measured
+            trace_cache = str(scratch / "trace-cache")
+            subprocess.run([sys.executable, "-c", "from bench.replay.store import TraceStore; from bench.trace.shipped "
+                            "import resolve_trace; TraceStore.load(resolve_trace('agentic-500'))"], check=True,
+                           env={**os.environ, CACHE_ENV: trace_cache}, cwd=Path(__file__).resolve().parent.parent)
         for number in range(1, args.rounds + 1 + args.phases):
             phases = number > args.rounds
             load = os.getloadavg()[0]
-            cell = run_measured(run_args, scratch / f"round-{number}", "agentic-500", phases=phases)
+            cell = run_measured(run_args, scratch / f"round-{number}", "agentic-500", phases=phases,
+                                trace_cache=trace_cache)
             ratio = round(cell["run_cpu_s"] / cell["target_cpu_s"], 3) if cell.get("target_cpu_s") else None
             row = {"round": "phases" if phases else number, "load_1min": round(load, 2), **cell,
                    "bench_to_target_cpu": ratio}

@@ -12,6 +12,24 @@ from bench.server import ServerThread
 from bench.synth import synthesize
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_trace_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Loaded traces are cached in a folder of this session's (this process's and the CLIs it starts), never the
+    user's: a test sees only what the suite itself cached."""
+    import os
+
+    from bench.replay.cache import CACHE_ENV
+
+    folder = tmp_path_factory.mktemp("trace-cache")
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
+
+
 @pytest.fixture
 def import_state() -> Iterator[None]:
     """A framework warm-up changes the import system (a checkout on sys.path, a placeholder finder): undone after."""

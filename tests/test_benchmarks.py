@@ -46,10 +46,12 @@ def test_served_memory_quick_compares_keeping_with_discarding(tmp_path: Path) ->
 def test_trace_loading_quick_reports_both_files_with_figures_from_the_measured_values(tmp_path: Path) -> None:
     result, stdout = _bench("trace_loading", tmp_path)
     assert "seed 1" in stdout and "rollout-bench synth --kind agentic" in stdout
-    gz, plain = result["rows"]
-    assert (gz["file"], plain["file"]) == ("gz", "plain")
+    gz, plain, gz_cached, plain_cached = result["rows"]
+    assert [r["file"] for r in result["rows"]] == ["gz", "plain", "gz cached", "plain cached"]
     assert gz["file_bytes"] < plain["file_bytes"] == plain["decompressed_bytes"] == result["decompressed_bytes"]
-    for row in (gz, plain):
+    # the cached rows read the entries a first load wrote: faster than the cold loads of the same files
+    assert gz_cached["wall_s"] < gz["wall_s"] and plain_cached["wall_s"] < plain["wall_s"]
+    for row in (gz, plain, gz_cached, plain_cached):
         assert row["trajectories"] == 8 and 8 < row["turns"] <= 8 * 5  # multi-turn, at most the planned turns
         rounds = row["rounds"]
         assert len(rounds) == 1 and rounds[0]["wall_s"] > 0 and rounds[0]["peak_rss_bytes"] >= rounds[0]["rss_before_bytes"]
@@ -59,7 +61,7 @@ def test_trace_loading_quick_reports_both_files_with_figures_from_the_measured_v
         assert row["peak_rss_growth_bytes"] == growth and row["memory_ratio"] == growth / row["decompressed_bytes"]
         assert row["speed_aim_holds"] == (row["mb_per_s"] >= 100) and row["memory_aim_holds"] == (row["memory_ratio"] <= 3)
     assert result["big_enough"] is False and "under the 200 MB" in stdout  # a quick run says it is no measurement
-    assert (tmp_path / "trace_loading.csv").read_text().count("\n") == 3
+    assert (tmp_path / "trace_loading.csv").read_text().count("\n") == 5
 
 
 @pytest.mark.slow
@@ -183,6 +185,18 @@ def test_scale_curve_run_cpu_quick_measures_the_issue_run_and_splits_it_by_phase
     assert rest["phase"].startswith("the rest") and rest["cpu_s"] > 0
     assert result["verdict"]["aim_us_per_request"] == 250 and "µs of bench CPU per request" in stdout
     assert (tmp_path / "run_cpu.md").read_text().count("\n| ") >= 2 + len(split["phases"])
+
+
+@pytest.mark.slow
+def test_scale_curve_run_cpu_warm_reads_the_trace_back_from_a_cache_of_its_own(tmp_path: Path) -> None:
+    """`--trace-cache warm`: the runs read agentic-500 back from a cache a first load filled, so the split run's trace
+    load costs less than a cold run's; the user's cache is not involved (the folder is the benchmark's own)."""
+    loads = {}
+    for mode in ("cold", "warm"):
+        result, _ = _bench("scale_curve", tmp_path / mode, "--run-cpu", "--trace-cache", mode, results="run_cpu")
+        assert result["parameters"]["trace_cache"] == mode
+        (loads[mode],) = [p["cpu_s"] for p in result["split"]["phases"] if p["phase"].startswith("trace load")]
+    assert 0 < loads["warm"] < loads["cold"], loads
 
 
 @pytest.mark.slow

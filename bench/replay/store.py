@@ -14,9 +14,12 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 from bench.trace import TraceFormatError, TraceHeader, TraceReader, Trajectory, open_trace
+
+from . import cache as trace_cache
+from .cache import TraceCache, default_cache
 
 INT32 = 4
 
@@ -181,9 +184,42 @@ class TraceStore:
     groups: dict[str, Group]
 
     @classmethod
-    def load(cls, path: str | Path, *, groups_of: Collection[str] | None = None) -> "TraceStore":
+    def load(cls, path: str | Path, *, groups_of: Collection[str] | None = None,
+             cache: TraceCache | None | Literal["environment"] = "environment") -> "TraceStore":
         """The whole trace, checked; with `groups_of`, only the groups holding those trajectory ids (a repro
-        replays one trajectory of a 500-trajectory trace: the rest is not decoded, checked or kept)."""
+        replays one trajectory of a 500-trajectory trace: the rest is not decoded, checked or kept).
+
+        `cache`: where a store loaded before is read back from, and a whole trace's store is kept after it loaded
+        (`bench.replay.cache`; by default the one `ROLLOUT_BENCH_TRACE_CACHE` says, None: none)."""
+        if cache == "environment":
+            cache = default_cache()
+        if cache is None:
+            return cls._load(path, groups_of)
+        try:
+            key = trace_cache.file_key(Path(path))
+        except OSError:
+            return cls._load(path, groups_of)  # a missing file: the load says so, as it always did
+        cached = trace_cache.read(cache, Path(path), key)
+        if cached is not None:
+            return cached if groups_of is None else cached.only_groups_of(groups_of)
+        store = cls._load(path, groups_of)
+        if groups_of is None:
+            trace_cache.write(cache, store, key)
+        return store
+
+    def only_groups_of(self, wanted: Collection[str]) -> "TraceStore":
+        """This store cut to the groups holding the `wanted` trajectory ids, as `load(groups_of=wanted)` makes it."""
+        missing = sorted(set(wanted) - set(self.by_id))
+        if missing:
+            raise KeyError(f"trace {self.path}: no trajectory {', '.join(missing)}")
+        keep = {self.by_id[t].group_id for t in wanted}
+        trajectories = [t for t in self.trajectories if t.group_id in keep]
+        return TraceStore(self.path, self.header, trajectories, {t.id: t for t in trajectories},
+                          {g: group for g, group in self.groups.items() if g in keep})
+
+    @classmethod
+    def _load(cls, path: str | Path, groups_of: Collection[str] | None) -> "TraceStore":
+        """`load` from the file itself: decoded, checked and packed."""
         trajectories: list[RecordedTrajectory] = []
         groups: dict[str, Group] = {}
         with open_trace(path) as reader:

@@ -21,23 +21,34 @@ from .errors import Problem, TraceFormatError, TraceVersionError
 from .schema import TraceHeader, Trajectory, _HeaderProbe
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_CHUNK = 1 << 20
+_CHUNK = 1 << 18  # ISA-L fills whole reads: 256 kB keeps a read of a few lines, not megabytes, in memory
 _LEADING_IDS = re.compile(rb'^\{"type":"trajectory","id":"([^"\\]*)","group_id":"([^"\\]*)"')
 _AT_PATH = re.compile(r"^(?P<message>.*) - at `\$(?P<path>[^`]*)`$", re.S)
 _MISSING_FIELD = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`$")
+
+try:  # ISA-L's inflate: the same gzip streams and errors, 2.7x zlib's speed here (a quarter of a cold load's CPU)
+    from isal.igzip import IGzipFile as _GzipFile
+    from isal.isal_zlib import error as _inflate_error
+
+    _CORRUPT: tuple[type[BaseException], ...] = (EOFError, gzip.BadGzipFile, zlib.error, _inflate_error)
+except ImportError:  # a platform without its wheel: the standard library's
+    _GzipFile = gzip.GzipFile  # type: ignore[misc]
+    _CORRUPT = (EOFError, gzip.BadGzipFile, zlib.error)
 
 _header_decoder = msgspec.json.Decoder(TraceHeader)
 _probe_decoder = msgspec.json.Decoder(_HeaderProbe)
 _trajectory_decoder = msgspec.json.Decoder(Trajectory)
 
 
-def open_binary(path: Path) -> IO[bytes]:
-    """Open a trace for reading, gzip or plain, told apart by content, not by name."""
+def open_binary(path: Path, *, inflate: type[gzip.GzipFile] = _GzipFile) -> IO[bytes]:
+    """Open a trace for reading, gzip or plain, told apart by content, not by name (`inflate`: the gzip reader)."""
     raw = open(path, "rb")
     magic = raw.read(2)
     raw.seek(0)
-    return gzip.GzipFile(fileobj=raw, mode="rb") if magic == _GZIP_MAGIC else raw  # type: ignore[return-value]
+    if magic != _GZIP_MAGIC:
+        return raw
+    return inflate(fileobj=raw, mode="rb")
 
 
 def field_and_message(error: msgspec.MsgspecError) -> tuple[str, str]:
@@ -135,16 +146,17 @@ class TraceReader:
         try:
             for number, line in enumerate(lines, start=1):
                 yield number, line
-        except (EOFError, gzip.BadGzipFile, zlib.error):
+        except _CORRUPT:
             # Chunks lose what their failing read had decompressed: the line-at-a-time reading, from the start,
-            # fails where it always did (the lines this one lost first), and names that line.
-            with open_binary(self.path) as again:
+            # fails where it always did (the lines this one lost first), and names that line. The standard library's
+            # reader there: ISA-L inflates in bigger blocks and would lose the lines of the last one too.
+            with open_binary(self.path, inflate=gzip.GzipFile) as again:
                 try:
                     for again_number, line in enumerate(again, start=1):
                         if again_number > number:
                             number = again_number
                             yield number, line
-                except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+                except _CORRUPT as error:
                     self._fail(number + 1, "<file>", f"gzip stream is corrupt or truncated ({error})")
             raise AssertionError(f"{self.path}: the gzip stream failed in chunks, not line by line")
 
@@ -173,7 +185,7 @@ class TraceReader:
 
 def _chunked_lines(stream: IO[bytes]) -> Iterator[bytes]:
     """The lines of a binary stream as iterating it gives them (ends kept, split at b"\n" only), read in pieces of
-    whatever one read of the compressed file gives (up to 1 MB): reading a gzip stream through readline's 8 kB
+    whatever one read of the compressed file gives (up to `_CHUNK`): reading a gzip stream through readline's 8 kB
     buffer costs a third as much Python as the decompression itself."""
     pending: list[bytes] = []
     while chunk := stream.read1(_CHUNK):  # type: ignore[attr-defined]
