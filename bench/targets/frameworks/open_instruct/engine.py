@@ -28,9 +28,11 @@ from urllib.parse import urlparse
 
 from bench.records.attribution import TRAJECTORY_HEADER
 from bench.targets.base import RolloutJob
-from faults.hooks import raise_if_poisoned
+from bench.records.attribution import stamp
+from faults.hooks import InjectedFault, raise_if_poisoned
 
 TRAJECTORY: contextvars.ContextVar[str] = contextvars.ContextVar("rollout_bench_trajectory", default="")
+SCORED: contextvars.ContextVar[int] = contextvars.ContextVar("rollout_bench_scored_group", default=-1)
 
 
 SENT_EVENT = "send_request_body.complete"  # the HTTP transport's trace event once a request's body is written
@@ -63,14 +65,19 @@ def _named_client(base_url: str, sent: set[str]) -> Any:
     return client
 
 
-def _reward_stand_in() -> Callable[..., Any]:
+def _reward_stand_in(named: Callable[[int], str]) -> Callable[..., Any]:
     """The verifier: 1.0 for an answer that ended by itself (`stop`), else 0.0. Rewards are not under test; a reply
-    the fault engine poisoned (`raise_after_generate`) makes it raise, as a crashing verifier would."""
+    the fault engine poisoned (`raise_after_generate`) makes it raise, as a crashing verifier would, the error
+    stamped with the trajectory of the poisoned sample (`named(i)`: the i-th sample of the group being scored)."""
 
     async def reward(responses: Any, decoded: Any, ground_truths: Any, datasets: Any, finish_reasons: list[str],
                      infos: Any, queries: Any) -> tuple[list[float], dict]:
-        for text in decoded:
-            raise_if_poisoned(text)
+        for i, text in enumerate(decoded):
+            try:
+                raise_if_poisoned(text)
+            except InjectedFault as error:
+                stamp(error, named(i))
+                raise
         return [1.0 if reason == "stop" else 0.0 for reason in finish_reasons], {}
 
     return reward
@@ -96,15 +103,15 @@ class Engine:
             tool_parser=types.SimpleNamespace(get_tool_calls=lambda text: []), completion_queue=queue.Queue(),
             prompt_queue=prompt_queue, results_queue=results_queue, eval_results_queue=eval_queue,
             train_dataset=None, eval_dataset=None, _train_index_map={},
-            _eval_index_map={}, reward_fn=_reward_stand_in(), inference_batch_size=max(job.concurrency, 1),
-            _should_stop=lambda: False, loop=self.loop)
+            _eval_index_map={}, reward_fn=_reward_stand_in(self._scored_sample),
+            inference_batch_size=max(job.concurrency, 1), _should_stop=lambda: False, loop=self.loop)
 
     def start(self) -> None:
         vllm_utils, actor = self.vllm_utils, self.actor
         actor.loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="open-instruct-loop")
         actor.loop_thread.start()
-        self._original = vllm_utils.process_request
-        vllm_utils.process_request = self._process_request
+        self._original = vllm_utils.process_request, vllm_utils.compute_rewards
+        vllm_utils.process_request, vllm_utils.compute_rewards = self._process_request, self._compute_rewards
         actor._prefetch_future = _daemon(vllm_utils._prefetch_worker, actor, name="open-instruct-prefetch")
         actor._process_future = _daemon(vllm_utils.LLMRayActor.process_from_queue, actor, name="open-instruct-gather")
 
@@ -127,7 +134,15 @@ class Engine:
     async def _process_request(self, actor: Any, sub_request_id: str, sampling_params: Any) -> Any:
         _prefix, _epoch, index, sample = sub_request_id.rsplit("_", 3)
         TRAJECTORY.set(self.groups[int(index)][int(sample)].id)
-        return await self._original(actor, sub_request_id, sampling_params)
+        return await self._original[0](actor, sub_request_id, sampling_params)
+
+    async def _compute_rewards(self, actor: Any, result: Any, example: dict) -> Any:
+        """open-instruct's `compute_rewards`, noting which group it scores (the verifier stand-in names it)."""
+        SCORED.set(result.index)
+        return await self._original[1](actor, result, example)
+
+    def _scored_sample(self, sample: int) -> str:
+        return self.groups[SCORED.get()][sample].id
 
     def check(self) -> None:
         """open-instruct's own health check of the engine threads and requests: re-raises what failed there.
@@ -153,7 +168,7 @@ class Engine:
             if isinstance(task, Future):
                 task.cancel()
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.vllm_utils.process_request = self._original
+        self.vllm_utils.process_request, self.vllm_utils.compute_rewards = self._original
 
 
 def _daemon(function: Callable[..., Any], *args: Any, name: str) -> Future:
