@@ -17,7 +17,10 @@ Two things only a bench run needs, both in `run_group` on the orchestrator's sid
 - a parked group (the scheduler asks for more work once the job's groups are all out; `buffer` hands it this)
   never leaves the orchestrator and never finishes: it stands for the next step's work and sends nothing;
 - `observe` (set by the adapter) sees every group's outputs as they come back, the evidence for records of
-  groups the batch never returned (failed, given up) and the attempt count of each group.
+  groups the batch never returned (failed, given up) and the attempt count of each group;
+- a reply the fault engine poisoned (`raise_after_generate`) makes the group's post-processing raise there, as an
+  environment's own crashing post-processing would (verifiers' rubric catches a reward function's exceptions and
+  scores 0, so a crash in the reward function would never reach prime-rl).
 """
 
 from __future__ import annotations
@@ -43,6 +46,18 @@ def info_of(example: dict[str, Any]) -> dict[str, Any]:
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     """The job's rows for `load_environment` (prompt, answer, example_id, info as JSON text)."""
     path.write_text(json.dumps(rows))
+
+
+def _raise_if_poisoned(output: dict[str, Any]) -> None:
+    """`faults.hooks.raise_if_poisoned` on a rollout's completion, the error naming its trajectory."""
+    from bench.records.attribution import stamp
+    from faults.hooks import InjectedFault, raise_if_poisoned
+
+    try:
+        raise_if_poisoned(json.dumps(output.get("completion"), default=str))
+    except InjectedFault as error:
+        stamp(error, info_of(output).get(STATE_KEY))
+        raise
 
 
 def load_environment(rows: str) -> Any:
@@ -79,6 +94,8 @@ def load_environment(rows: str) -> Any:
             outputs = await super().run_group(group_inputs, *args, **kwargs)
             if self.observe is not None:
                 self.observe(info, outputs)
+            for output in outputs:
+                _raise_if_poisoned(output)
             return outputs
 
     return BenchGroupEnv(dataset=dataset, parser=parser, rubric=vf.Rubric(funcs=[boxed_answers], parser=parser))

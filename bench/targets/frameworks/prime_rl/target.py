@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.records.attribution import TRAJECTORY_HEADER
-from bench.records.sample import SampleRecord
+from bench.records.sample import ErrorInfo, SampleRecord
 from bench.targets.base import Emit, RolloutJob, TrajectorySpec
 from bench.targets.frameworks.verifiers.records import error_info, record_of
 from bench.targets.frameworks.verifiers.target import TraceFacts, _trace_path
@@ -219,6 +219,7 @@ class _Batch:
         self.max_async_level = scheduler.max_async_level
         self.by_example = {index: members for index, members in enumerate(groups.values())}
         self.step_examples = set(self.by_example)  # the running step's example ids
+        self.reported: set[int] = set()  # given-up groups already reported
         self.last: dict[str, dict[str, Any]] = {}  # trajectory -> the output of its latest attempt
         self.attempts: dict[str, int] = {}  # group -> group rollouts that came back
         env = train_envs.get(ENV_NAME).env
@@ -319,9 +320,7 @@ class _Batch:
                     if spec.id in self.last:
                         emit(self.record(self.last[spec.id], spec,
                                          "finished; the batch was ended when nothing was left to run"))
-            for eid in self.buffer.given_up:
-                if eid in self.step_examples:
-                    self._emit_group(eid, emit, reason=f"given up after {self.buffer.max_redraws} replays")
+            self._emit_given_up(emit)
             return
         error = batch.exception()
         if error is not None:
@@ -331,8 +330,14 @@ class _Batch:
         returned = batch.result()
         for output in returned:
             self._emit(output, emit, reason="in the batch generate_batch returned")
+        self._emit_given_up(emit)
+
+    def _emit_given_up(self, emit: Emit) -> None:
+        """Groups the buffer gave up on and not yet reported: each once, at the end of the step that saw it given
+        up (over steps, a group of one step may be given up while the next step fills the scheduler)."""
         for eid in self.buffer.given_up:
-            if eid in self.step_examples:
+            if eid not in self.reported:
+                self.reported.add(eid)
                 self._emit_group(eid, emit, reason=f"given up after {self.buffer.max_redraws} replays")
 
     def _emit_group(self, eid: int, emit: Emit, *, reason: str) -> None:
@@ -341,7 +346,11 @@ class _Batch:
         outputs = [(spec, self.last.get(spec.id)) for spec in self.by_example[eid]]
         first = next((o["error"] for _, o in outputs if o is not None and o.get("error")), None)
         for spec, output in outputs:
-            if output is None:
+            if output is None:  # no attempt of it came back to the orchestrator (its env server raised on each)
+                emit(SampleRecord(spec.id, spec.group, "failed", status="group dropped",
+                                  prompt_length=len(spec.prompt_ids), error=error_info(first) or ErrorInfo(
+                                      "NoOutput", f"{reason}; no attempt of it returned a rollout", ""),
+                                  details={"group_attempts": self.attempts.get(spec.group, 0), "reported": reason}))
                 continue
             record = self.record(output, spec, reason)
             if record.outcome != "failed":
