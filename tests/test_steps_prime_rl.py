@@ -52,6 +52,10 @@ def test_four_clean_steps_on_one_scheduler_find_nothing(checkout: Path) -> None:
     assert [(row["published_by"], row["trainer_version"], row["weight_version"]) for row in rows] == [
         ("adapter", "0", "0"), ("adapter", "0", "0"), ("adapter", "1", "1"), ("adapter", "2", "2")]
     assert [row["versions_served"] for row in rows] == [["0"], ["0"], ["1"], ["2"]]
+    # each record carries the checkpoint prime-rl sent it under (its cache salt): the step's, lag 0
+    assert {(r.step, tuple(r.weight_versions)) for r in result.records} == {
+        (0, ("0",)), (1, ("0",)), (2, ("1",)), (3, ("2",))}
+    assert [row["max_lag"] for row in rows] == [0, 0, 0, 0]
     assert [row["samples"] for row in rows] == [PER_STEP] * 4 and [row["error"] for row in rows] == [None] * 4
     calls = [q for q in result.requests if q.endpoint in SYNC]
     assert [q.endpoint for q in calls] == SYNC * 2  # checkpoint 0 is the initial weights: never sent

@@ -221,6 +221,7 @@ class _Batch:
         self.step_examples = set(self.by_example)  # the running step's example ids
         self.reported: set[int] = set()  # given-up groups already reported
         self.last: dict[str, dict[str, Any]] = {}  # trajectory -> the output of its latest attempt
+        self.policy: dict[str, str | None] = {}  # trajectory -> the checkpoint its latest attempt was sent under
         self.attempts: dict[str, int] = {}  # group -> group rollouts that came back
         env = train_envs.get(ENV_NAME).env
         env.observe = self._observe
@@ -300,10 +301,11 @@ class _Batch:
                 await asyncio.sleep(0.05)
         return self.scheduler.ckpt_step
 
-    def _observe(self, info: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
+    def _observe(self, info: dict[str, Any], outputs: list[dict[str, Any]], policy: str | None = None) -> None:
         self.attempts[info[GROUP_KEY]] = self.attempts.get(info[GROUP_KEY], 0) + 1
         for output in outputs:
             self.last[info_of(output)[STATE_KEY]] = output
+            self.policy[info_of(output)[STATE_KEY]] = policy
 
     async def generate(self, emit: Emit, step: int = 0) -> None:
         batch = asyncio.ensure_future(self.scheduler.generate_batch(step=step))
@@ -369,8 +371,11 @@ class _Batch:
         raise KeyError(f"prime-rl returned a rollout for {trajectory!r}, which is not in the job")
 
     def record(self, output: dict[str, Any], spec: TrajectorySpec, reason: str) -> SampleRecord:
-        return record_of(output, spec, details={"group_attempts": self.attempts.get(spec.group, 0),
-                                                "reported": reason})
+        """The rollout's record, carrying the checkpoint prime-rl sent it under (its weight version)."""
+        record = record_of(output, spec, details={"group_attempts": self.attempts.get(spec.group, 0),
+                                                  "reported": reason})
+        policy = self.policy.get(spec.id)
+        return record if policy is None else dataclasses.replace(record, weight_versions=[policy])
 
     async def stop(self) -> None:
         """The scheduler's in-flight rollouts cancelled, the env client closed, the env server terminated."""
