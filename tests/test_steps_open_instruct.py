@@ -102,3 +102,15 @@ def test_seed_001_is_told_apart_over_steps(checkout: Path) -> None:
         lagged = [v for v in result.violations if v.invariant == "step_lag"]
         assert all(v.evidence["bound"] == 1 and v.evidence["max_lag"] >= 2 for v in lagged)
         assert not any(r.outcome == "dropped" for r in result.records)
+
+
+@needs_open_instruct
+def test_a_step_too_small_for_the_priming_is_refused_naming_n() -> None:
+    """4 groups a step make one training step of 4, and the generator is primed one training step ahead: step 0
+    would train nothing, so the run is refused, saying which --n would do."""
+    config = RunConfig(trace="rlvr-500", plan=None, target="open-instruct", n=16, steps=2, python=PYTHON,
+                       watchdog_s=120.0, target_options={"source": str(_fixed()), **OPTIONS})
+    result = asyncio.run(run(config))
+    assert result.steps["rows"][0]["error"].startswith("ValueError: open-instruct over --steps 2")  # type: ignore[index]
+    assert "at least 32" in result.steps["rows"][0]["error"]  # type: ignore[index]
+    assert ray_processes({worker_pid(result)}) == []  # the run stops at the failed step: torn down there

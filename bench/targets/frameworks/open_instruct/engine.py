@@ -8,8 +8,9 @@ In open-instruct an `LLMRayActor` owns an in-process vLLM OpenAI server and thre
 object is a stand-in, holding the fields those functions read, with `server_port` and `client` pointing at the
 bench's server instead of a local vLLM.
 
-Two bench additions: the real `process_request` is wrapped so that each request names its trajectory (a header
-the bench reads), and the client notes when a request's body has been sent (`wait_sent`: a bench step ends once
+Bench additions: the real `process_request` is wrapped so that each request names its trajectory (a header
+the bench reads), the real `compute_rewards` so that the verifier stand-in knows the group it scores, and the
+client notes when a request's body has been sent (`wait_sent`: a bench step ends once
 the prompts it drew have gone out, so none of its requests reaches the server during the next step). The engine
 and its threads live across the steps of a run, as open-instruct's `LLMRayActor` lives across training steps.
 """
@@ -26,15 +27,12 @@ from concurrent.futures import Future
 from typing import Any, Callable
 from urllib.parse import urlparse
 
-from bench.records.attribution import TRAJECTORY_HEADER
+from bench.records.attribution import TRAJECTORY_HEADER, stamp
 from bench.targets.base import RolloutJob
-from bench.records.attribution import stamp
 from faults.hooks import InjectedFault, raise_if_poisoned
 
 TRAJECTORY: contextvars.ContextVar[str] = contextvars.ContextVar("rollout_bench_trajectory", default="")
 SCORED: contextvars.ContextVar[int] = contextvars.ContextVar("rollout_bench_scored_group", default=-1)
-
-
 SENT_EVENT = "send_request_body.complete"  # the HTTP transport's trace event once a request's body is written
 WAIT_SENT_S = 60.0
 

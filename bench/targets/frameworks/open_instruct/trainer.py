@@ -118,11 +118,12 @@ class Trainer:
         """Training steps a bench step of `groups` groups makes (not the last: that one drains)."""
         per_step, ahead = self.prompts_per_step, self.async_steps
         if groups % per_step or groups // per_step - (ahead if first else 0) < 1:
+            size = len(self.groups[0])
             raise ValueError(
-                f"open-instruct over --steps {self.job.steps}: each step's {groups} groups must make whole training "
-                f"steps of prompts_per_step={per_step} groups, and the first step more than async_steps={ahead} "
-                f"of them (the generator is primed that far ahead); use --n a multiple of "
-                f"{per_step * len(self.groups[0])} trajectories, at least {(ahead + 1) * per_step * len(self.groups[0])}")
+                f"open-instruct over --steps {self.job.steps}: use --n a multiple of {per_step * size} trajectories, "
+                f"at least {(ahead + 1) * per_step * size}: each step's {groups} groups must make whole training steps "
+                f"of prompts_per_step={per_step} groups, more than async_steps={ahead} of them in the first step (the "
+                "generator is primed that far ahead)")
         return groups // per_step - (ahead if first else 0)
 
     def step(self, job: RolloutJob, emit: Callable[[SampleRecord], None]) -> None:
