@@ -157,6 +157,26 @@ def test_pause_in_abort_mode_aborts_in_flight() -> None:
         request(thread.url, "/continue_generation", {})
 
 
+def test_prime_rls_weight_update_routes() -> None:
+    """prime-rl's vLLM server routes around a weight update: `/pause?mode=keep` holds requests in place until
+    `/resume`; `/update_weights` takes the checkpoint's folder, whose `step_<n>` name is the new version."""
+    with ServerThread("rlvr-500") as thread:
+        assert request(thread.url, "/pause?mode=keep", {}).json() == {"status": "paused"}
+        results: list[Reply] = []
+        worker = _in_background(thread, results)
+        time.sleep(0.3)
+        assert not results, "a request completed while generation was paused"
+        reply = request(thread.url, "/update_weights", {"weight_dir": "/out/broadcasts/step_3"})
+        assert reply.json() == {"status": "ok"}
+        assert request(thread.url, "/get_weight_version").json() == {"weight_version": "3"}
+        request(thread.url, "/update_weights", {"weight_dir": "/out/elsewhere"})  # not a step folder: no version
+        assert request(thread.url, "/get_weight_version").json() == {"weight_version": "3"}
+        assert request(thread.url, "/resume", {}).json() == {"status": "resumed"}
+        worker.join(10)
+        assert results[0].status == 200 and results[0].json()["meta_info"]["weight_version"] == "3"
+        assert request(thread.url, "/pause?mode=wait", {}).status == 400
+
+
 def test_router_surface_lists_itself(server: ServerThread) -> None:
     workers = request(server.url, "/workers").json()
     assert list(workers) == ["workers", "total", "stats"] and workers["total"] == 1

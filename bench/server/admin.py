@@ -198,6 +198,42 @@ async def continue_generation(request: web.Request) -> web.Response:
     return wire.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 
+# prime-rl's vLLM server adds its own admin routes (`src/prime_rl/inference/vllm/server.py`: `/pause`, `/resume`,
+# `/update_weights`); its orchestrator calls them around each weight update (`src/prime_rl/utils/client.py`,
+# `update_weights`: pause with `mode=keep`, update with the checkpoint's directory, resume). vLLM keeps no weight
+# version: the mock's version is the checkpoint's step, from the directory's name (prime-rl's `step_<n>` layout,
+# `get_step_path`); a directory not so named updates nothing the bench can tell apart, so the version stays.
+_VLLM_PAUSE_MODES = {"keep": "in_place", "abort": "abort"}  # vLLM's pause modes the mock plays, as its own
+
+
+async def pause_engine(request: web.Request) -> web.Response:
+    mode = request.query.get("mode", "keep")
+    if mode not in _VLLM_PAUSE_MODES:
+        return wire.value_error(f"Invalid mode: {mode}")
+    context_of(request).state.pause(_VLLM_PAUSE_MODES[mode])
+    return wire.json_response({"status": "paused"})
+
+
+async def resume_engine(request: web.Request) -> web.Response:
+    context_of(request).state.resume()
+    return wire.json_response({"status": "resumed"})
+
+
+async def update_weights_from_path(request: web.Request) -> web.Response:
+    ctx = context_of(request)
+    body = await _json_body(request)
+    weight_dir = _field(body, "weight_dir", "str")
+    name = (weight_dir or "").rstrip("/").rsplit("/", 1)[-1]
+    step = name.removeprefix("step_")
+    version = step if name.startswith("step_") and step.isdigit() else None
+    if _held(ctx, request.path, version):
+        return wire.json_response({"status": "ok"})
+    ctx.weight_update(request.path)
+    if version is not None:
+        ctx.state.weight_version = version
+    return wire.json_response({"status": "ok"})
+
+
 def _counts(ctx: ServerContext) -> tuple[int, int]:
     waiting = ctx.state.waiting + sum(1 for e in ctx.state.inflight.values() if not e.prefilled)
     running = sum(1 for e in ctx.state.inflight.values() if e.prefilled)
@@ -287,6 +323,9 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_post("/abort_request", abort_request)
     app.router.add_post("/pause_generation", pause_generation)
     app.router.add_post("/continue_generation", continue_generation)
+    app.router.add_post("/pause", pause_engine)
+    app.router.add_post("/resume", resume_engine)
+    app.router.add_post("/update_weights", update_weights_from_path)
     app.router.add_get("/v1/loads", loads)
     app.router.add_get("/get_load", get_load)
     app.router.add_get("/v1/models", models)

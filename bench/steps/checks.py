@@ -13,8 +13,9 @@
   that trained on it (handed over in it) when it was handed over: an asynchronous rollout (AReaL's
   `prepare_batch`) generates a trajectory on through later steps until a step takes it, by design.
 - `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault
-  reached (or naming none): what the earlier failure left behind (a dirtied singleton, a half-closed client) is
-  the first suspect. The evidence has both errors and what the process held after each.
+  reached (or naming none), or on a trajectory of an earlier step (an earlier step's error raised again, such as a
+  dead worker thread's, which a health check re-raises each step): what the earlier failure left behind (a dirtied
+  singleton, a half-closed client, a dead thread) is the first suspect. The evidence has both errors and what the process held after each.
 - `step_weights`: a step whose weights the adapter's trainer side published (`update_weights`) but the server did
   not serve: the version the server held when the step's rollout began is not the one the trainer says it
   published (an update never sent, refused, or kept out by a `hold_weights` rule). The evidence has both versions,
@@ -50,7 +51,7 @@ def check_steps(board: StepBoard, requests: list[RequestRecord], fault_events: l
                 consumed: dict[str, int] | None = None) -> list[Violation]:
     """`consumed`: the step each trajectory was handed over in (default: its own step)."""
     return [*resource_growth(board.states), *late_requests(board, requests, consumed),
-            *carryover(board.states, fault_events), *weights_not_served(board, requests)]
+            *carryover(board.states, fault_events, board.step_of), *weights_not_served(board, requests)]
 
 
 def _measured(states: list[StepState], key: str) -> list[tuple[int, Any]]:
@@ -138,8 +139,9 @@ def late_requests(board: StepBoard, requests: list[RequestRecord],
     return out
 
 
-def carryover(states: list[StepState], fault_events: list[FaultEvent]) -> list[Violation]:
-    """A failed step after an earlier failed step, with no injected fault to explain it."""
+def carryover(states: list[StepState], fault_events: list[FaultEvent],
+              step_of: dict[str, int] | None = None) -> list[Violation]:
+    """A failed step after an earlier failed step, with no injected fault on its own trajectories to explain it."""
     failed = [s for s in states if s.error is not None]
     if len(failed) < 2:
         return []
@@ -148,8 +150,9 @@ def carryover(states: list[StepState], fault_events: list[FaultEvent]) -> list[V
     for state in failed[1:]:
         assert state.error is not None and first.error is not None
         cause = root_cause(state.error, fault_events)
-        if cause.fault is not None:
-            continue  # an injected fault reached the code that raised: that explains it
+        earlier = (step_of or {}).get(state.error.trajectory or "", state.step) < state.step
+        if cause.fault is not None and not earlier:
+            continue  # an injected fault reached the code that raised, in this step: that explains it
         out.append(Violation(
             "step_carryover", state.error.trajectory,
             f"step {state.step} failed after step {first.step} had failed ({first.error.type}): "

@@ -1,6 +1,6 @@
 """`open-instruct`: open-instruct's async GRPO data path from a source checkout, in its own environment.
 
-One run is one epoch of the job's groups through open-instruct's own code: `add_prompt_to_generator` onto a
+One run is the job's groups through open-instruct's own code: `add_prompt_to_generator` onto a
 real Ray prompt queue, its engine functions (`_prefetch_worker`, `add_request`, `process_request`,
 `process_from_queue`; see `engine`) generating against the bench's vLLM-shaped `/v1/completions`, and
 `accumulate_inference_batches` taking each training step's batch off a real Ray results queue (see `trainer`).
@@ -20,7 +20,15 @@ Variants:
   `batch_survival`, with open-instruct's traceback); the hang the review predicted is `ref-accumulator:unfixed`'s
   (on the real code the trainer never runs ahead of a held answer without replenishing, so nothing goes stale).
 
-Ray runs for the job only (`prepare` starts it, `run` stops it; see `local_ray`).
+In a run of many steps (`run --steps K`) one trainer and one engine serve every step, as open-instruct's trainer
+keeps its `DataPreparationActor` and engines across training steps: each bench step is a whole number of its
+training steps (see `trainer`: the generator runs `async_steps` training steps ahead, so what a step trains on was
+partly generated in the step before, under older weights), the weight sync after a step's last training step is
+`update_weights`, and every record reaches the bench while the step that trains on it runs (the lag `step_lag`
+judges against `max_weight_lag`). The groups of one step must make whole training steps of `prompts_per_step`,
+more than `async_steps` of them.
+
+Ray runs for the job only (`prepare` starts it, `run` stops it after the last step; see `local_ray`).
 """
 
 from __future__ import annotations
@@ -29,7 +37,6 @@ import asyncio
 import inspect
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,7 @@ from bench.targets.frameworks import local_ray
 
 from ..checkout import Checkout, named_source, read_checkout
 from ..options import check_options
+from .trainer import publish_version
 
 VARIANTS = ("shipped", "no-replenish")
 OPTIONS = ("source", "async_steps", "prompts_per_step")
@@ -95,13 +103,15 @@ class OpenInstructTarget:
 
     def prepare(self, job: RolloutJob) -> None:
         """Ray and its three queue actors up; each actor has imported open-instruct (its first `put` unpickles
-        open-instruct objects), so none of that start-up counts against the run."""
+        open-instruct objects), so none of that start-up counts against the run. Once per run: a later step finds
+        them up (the steps loop calls `prepare` before every step)."""
+        if getattr(self, "queues", None) is not None:
+            return
         self.warm_up(job.options)
         from open_instruct import vllm_utils
         from ray.util import queue as ray_queue
 
         self.session = local_ray.session_dir()
-        self.scratch = tempfile.TemporaryDirectory(prefix="rollout-bench-open-instruct-")
         try:
             local_ray.start(self.session, RAY_CPUS, [CODE_ROOT, self.checkout.path], STUBS_HOOK)
             self.queues = [ray_queue.Queue() for _ in range(3)]  # prompts, results, eval results
@@ -113,60 +123,70 @@ class OpenInstructTarget:
             self._stop_ray()
             raise
 
+    async def update_weights(self, job: RolloutJob) -> str:
+        """The trainer's weight sync before step `job.step` (`run --steps K`): the sync after the previous step's
+        last training step (`grpo_fast.py`, `weight_sync_thread`), which sets the server's version and the engines'
+        `model_step` to the training steps done. Before step 0 nothing has trained: the engines hold the initial
+        weights, version 0 (open-instruct's engines start at `model_step` 0)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            await asyncio.to_thread(publish_version, job.base_url, 0)
+            return "0"
+        return str(await asyncio.to_thread(trainer.sync, job.base_url))
+
     async def run(self, job: RolloutJob, emit: Emit) -> None:
+        """One step: its groups through the trainer and engine the run keeps (made at the first step); both, and
+        Ray, are torn down after the last step, or after a step that raised when the run stops there."""
         if getattr(self, "queues", None) is None:
             await asyncio.to_thread(self.prepare, job)
         loop = asyncio.get_running_loop()
+        ended = job.step == job.steps - 1
         try:
-            await asyncio.to_thread(self._train, job, lambda record: loop.call_soon_threadsafe(emit, record))
+            await asyncio.to_thread(self._step, job, lambda record: loop.call_soon_threadsafe(emit, record))
+        except BaseException:
+            ended = ended or job.on_step_failure == "stop"
+            raise
         finally:
-            await asyncio.to_thread(self._stop_ray)
+            if ended:
+                await asyncio.to_thread(self._stop)
 
-    def _train(self, job: RolloutJob, emit: Emit) -> None:
+    def _step(self, job: RolloutJob, emit: Emit) -> None:
+        if getattr(self, "trainer", None) is None:
+            self._start_trainer(job)
+        self.trainer.step(job, emit)
+
+    def _start_trainer(self, job: RolloutJob) -> None:
         from open_instruct import data_loader
         from transformers import AutoTokenizer
 
         from .engine import Engine
         from .trainer import Trainer
 
-        groups = list(job.groups().values())
-        dataset = _dataset(groups)
         tokenizer = AutoTokenizer.from_pretrained(str(job.tokenizer_path))
         prompts, results, evals = self.queues
-        engine = Engine(job, groups, dataset, tokenizer, prompts, results, evals)
+        groups: list[list[Any]] = []  # the run's groups, one list: the engine names each request's trajectory in it
+        engine = Engine(job, groups, tokenizer, prompts, results, evals)
         age_limit = _has_age_limit(data_loader)  # `no-replenish` needs it: checked in warm-up
-        trainer = Trainer(job, groups, dataset, tokenizer, engine, prompts, results, age_limit=age_limit,
-                          replenish=self.variant == "shipped", work_dir=self.scratch.name, emit=emit)
+        trainer = Trainer(job, groups, tokenizer, engine, prompts, results, age_limit=age_limit,
+                          replenish=self.variant == "shipped")
+        if job.steps == 1:  # no steps loop calls `update_weights`: the trainer states its initial version itself
+            publish_version(job.base_url, 0)
         engine.start()
+        self.trainer = trainer
+
+    def _stop(self) -> None:
+        trainer, self.trainer = getattr(self, "trainer", None), None
         try:
-            trainer.run()
+            if trainer is not None:
+                trainer.engine.stop()
         finally:
-            engine.stop()
+            self._stop_ray()
 
     def _stop_ray(self) -> None:
         self.queues = None
-        try:
-            local_ray.stop(self.session)
-        finally:
-            self.scratch.cleanup()
+        local_ray.stop(self.session)
 
 
 def _has_age_limit(data_loader: Any) -> bool:
     """Whether this open-instruct can drop stale results (#1738's `max_result_age_steps`)."""
     return "max_result_age_steps" in inspect.signature(data_loader.accumulate_inference_batches).parameters
-
-
-def _dataset(groups: list[list[Any]]) -> Any:
-    """One dataset row per group, in open-instruct's column names; the row index names the group."""
-    from datasets import Dataset
-    from open_instruct.dataset_transformation import (
-        GROUND_TRUTHS_KEY,
-        INPUT_IDS_PROMPT_KEY,
-        RAW_PROMPT_KEY,
-        VERIFIER_SOURCE_KEY,
-    )
-
-    return Dataset.from_dict({
-        "index": list(range(len(groups))), INPUT_IDS_PROMPT_KEY: [g[0].prompt_ids for g in groups],
-        GROUND_TRUTHS_KEY: [""] * len(groups), VERIFIER_SOURCE_KEY: ["bench"] * len(groups),
-        RAW_PROMPT_KEY: [g[0].prompt_text for g in groups]})

@@ -11,6 +11,9 @@ counted as re-sends) and never reach others. So `sample_examples` hands out, in 
    for an outage that outlasts the run); a group past that is given up;
 3. then a parked example (see `environment`): the next step's work, which never sends anything.
 
+In a run of many steps each step's groups are added as it starts (`add_examples`), numbered on from the earlier
+steps', in the shape prime-rl's buffer gave the first step's (`check_shape` proves the shape at the start).
+
 Everything else is prime-rl's own: the pools, `update` (the completed groups of the step) and `sample_rollouts`.
 A group is in flight while the scheduler holds its `GroupState`, finished once `update` saw it, dropped when
 neither holds. When nothing is in flight and nothing is left to hand out, the batch can never fill: `exhausted`
@@ -43,6 +46,26 @@ def bench_buffer_class(base: type) -> type:
             self.exhausted = asyncio.Event()
             (self.env_name, env_buffer), = self.env_buffers.items()  # the bench's one environment
             self.examples: dict[int, dict[str, Any]] = dict(env_buffer.examples)
+
+        def shaped(self, row: dict[str, Any]) -> dict[str, Any]:
+            """An example as prime-rl's buffer holds it, made from a row the adapter wrote."""
+            return {**self.examples[self.order[0]], **row}
+
+        def check_shape(self, rows: list[dict[str, Any]]) -> None:
+            """The first step's rows, made into examples here, are the examples prime-rl's buffer made of them:
+            else a later step's examples could not be made the same way, and the run is refused."""
+            for row in rows:
+                made, held = self.shaped(row), self.examples.get(row["example_id"])
+                if made != held:
+                    raise ValueError(f"prime-rl's buffer holds example {row['example_id']} as {held!r}, not as its "
+                                     f"row {made!r}: a later step's examples cannot be made the same way")
+
+        def add_examples(self, rows: list[dict[str, Any]]) -> None:
+            """A later step's groups: examples after the earlier steps' (the next example ids), handed out next."""
+            for row in rows:
+                self.examples[row["example_id"]] = self.shaped(row)
+                self.order.append(row["example_id"])
+            self.exhausted.clear()
 
         def in_flight(self) -> set[int]:
             """The job's groups the scheduler holds (a parked example is not one of them)."""

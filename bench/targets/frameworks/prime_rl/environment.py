@@ -17,7 +17,12 @@ Two things only a bench run needs, both in `run_group` on the orchestrator's sid
 - a parked group (the scheduler asks for more work once the job's groups are all out; `buffer` hands it this)
   never leaves the orchestrator and never finishes: it stands for the next step's work and sends nothing;
 - `observe` (set by the adapter) sees every group's outputs as they come back, the evidence for records of
-  groups the batch never returned (failed, given up) and the attempt count of each group.
+  groups the batch never returned (failed, given up) and the attempt count of each group, with the policy the
+  scheduler sent the group under: prime-rl salts every request's prefix cache with its checkpoint step then
+  (`scheduler.py`, `schedule_rollout`: `cache_salt`), which is the version a record carries;
+- a reply the fault engine poisoned (`raise_after_generate`) makes the group's post-processing raise there, as an
+  environment's own crashing post-processing would (verifiers' rubric catches a reward function's exceptions and
+  scores 0, so a crash in the reward function would never reach prime-rl).
 """
 
 from __future__ import annotations
@@ -45,6 +50,18 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text(json.dumps(rows))
 
 
+def _raise_if_poisoned(output: dict[str, Any]) -> None:
+    """`faults.hooks.raise_if_poisoned` on a rollout's completion, the error naming its trajectory."""
+    from bench.records.attribution import stamp
+    from faults.hooks import InjectedFault, raise_if_poisoned
+
+    try:
+        raise_if_poisoned(json.dumps(output.get("completion"), default=str))
+    except InjectedFault as error:
+        stamp(error, info_of(output).get(STATE_KEY))
+        raise
+
+
 def load_environment(rows: str) -> Any:
     """A `vf.SingleTurnEnv` over the rows at `rows`, scored as a group on the boxed answer."""
     import verifiers as vf
@@ -59,7 +76,7 @@ def load_environment(rows: str) -> Any:
                 for completion, answer in zip(completions, answers)]
 
     class BenchGroupEnv(vf.SingleTurnEnv):
-        observe: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None
+        observe: Callable[[dict[str, Any], list[dict[str, Any]], str | None], None] | None = None
 
         async def setup_state(self, state: Any) -> None:
             state[STATE_KEY] = state["info"][STATE_KEY]  # becomes the X-Bench-Trajectory header
@@ -77,8 +94,11 @@ def load_environment(rows: str) -> Any:
                 group_inputs = [{**rollout, "info": json.dumps({**info, STATE_KEY: member})}
                                 for rollout, member in zip(group_inputs, members)]
             outputs = await super().run_group(group_inputs, *args, **kwargs)
-            if self.observe is not None:
-                self.observe(info, outputs)
+            if self.observe is not None:  # with the policy prime-rl scheduled the group under (its cache salt)
+                extra = (kwargs.get("sampling_args") or {}).get("extra_body") or {}
+                self.observe(info, outputs, extra.get("cache_salt"))
+            for output in outputs:
+                _raise_if_poisoned(output)
             return outputs
 
     return BenchGroupEnv(dataset=dataset, parser=parser, rubric=vf.Rubric(funcs=[boxed_answers], parser=parser))

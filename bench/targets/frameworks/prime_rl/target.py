@@ -24,6 +24,12 @@ Options (`--target-option`):
   1 the SDK still retries a 429 and the outage reaches the scheduler after one retry. `max_retries=10` is prime-rl's.
 - `max_error_reschedule_attempts`: prime-rl's own (its default, 3, when not given; checkouts without it refuse it).
 - `max_redraws` (8): times one dropped group is replayed before the bench gives it up (see `buffer`).
+- `max_async_level`: prime-rl's own; over steps its default (1), in a one-batch run huge (no update is awaited).
+
+Over steps (`run --steps K`) one Scheduler, TrainEnvs (one env server), Buffer and pool serve every step:
+`generate_batch(step)` per step with the step's groups added to the buffer (`_Batch.hand_over`), and before each
+step the trainer's checkpoint published for the scheduler's own policy-update loop to apply through the server's
+admin routes (`update_weights`); torn down once, after the last step.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.records.attribution import TRAJECTORY_HEADER
-from bench.records.sample import SampleRecord
+from bench.records.sample import ErrorInfo, SampleRecord
 from bench.targets.base import Emit, RolloutJob, TrajectorySpec
 from bench.targets.frameworks.verifiers.records import error_info, record_of
 from bench.targets.frameworks.verifiers.target import TraceFacts, _trace_path
@@ -49,13 +55,15 @@ from ..options import check_options
 from . import environment
 from .environment import GROUP_KEY, MEMBERS_KEY, STATE_KEY, info_of
 
-OPTIONS = ("source", "verifiers_source", "max_retries", "max_error_reschedule_attempts", "max_redraws")
+OPTIONS = ("source", "verifiers_source", "max_retries", "max_error_reschedule_attempts", "max_redraws",
+           "max_async_level")
 PATH_ENV = "ROLLOUT_BENCH_PRIME_RL_PATH"
 MARKER = "packages/prime-rl-configs/src/prime_rl/configs/orchestrator.py"
 SCHEDULER = "src/prime_rl/orchestrator/scheduler.py"
 VERIFIERS_MARKER = "verifiers/__init__.py"
 MAX_RETRIES = 1
 MAX_REDRAWS = 8
+MAX_ASYNC_LEVEL = 1  # prime-rl's default (`OrchestratorConfig.max_async_level`)
 ENV_NAME = "bench"
 SCRATCH_PREFIX = "rollout-bench-prime-rl-"  # + the worker's pid: the env server's logs live there
 API_KEY_VAR = "ROLLOUT_BENCH_API_KEY"  # unset: the SDK sends "EMPTY"
@@ -74,7 +82,7 @@ class PrimeRlTarget:
     def warm_up(self, options: dict[str, Any]) -> None:
         """Both checkouts onto the import path, the placeholders in, prime-rl's orchestrator modules imported."""
         check_options("prime-rl", options, OPTIONS,
-                      {"max_retries": 0, "max_error_reschedule_attempts": 1, "max_redraws": 0})
+                      {"max_retries": 0, "max_error_reschedule_attempts": 1, "max_redraws": 0, "max_async_level": 0})
         named = named_source(options, PATH_ENV)
         if named is None:
             raise ValueError(f"prime-rl runs from a source checkout: give --source DIR (or set {PATH_ENV})")
@@ -121,20 +129,64 @@ class PrimeRlTarget:
             info["verifiers"] = version
         info["openai"] = importlib.metadata.version("openai")
         info["client_max_retries"] = str(getattr(self, "max_retries", MAX_RETRIES))
+        from prime_rl.configs.orchestrator import OrchestratorConfig
+
+        # the staleness a trained-on rollout may have: the scheduler drops a group still in flight after
+        # `max_off_policy_steps` policy updates (`scheduler.py`, `_update_off_policy`), so a rollout it returns
+        # spans at most that many (`max_async_level` bounds the policy's lag behind the step, not the rollout's)
+        info["max_weight_lag"] = str(OrchestratorConfig.model_fields["max_off_policy_steps"].default)
         return info
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         """On the worker's main loop: verifiers installs signal handlers when an environment is built, which only
         the main thread may do, so prime-rl's env start-up (seconds: two processes import verifiers) is part of
-        the run. It sends nothing, so no fault window starts before the scheduler's first request."""
+        the run. It sends nothing, so no fault window starts before the scheduler's first request.
+
+        In a run of many steps (`run --steps K`) the first step builds the Scheduler, TrainEnvs (and their env
+        server), Buffer and pool, and every step calls `generate_batch(step)` on them with its own groups handed
+        to the buffer, as prime-rl's orchestrator loop calls it once per step (`orchestrator.py`, `orchestrate`);
+        all of it is torn down after the last step (or after a failed one when the run stops there)."""
         if self.checkout is None:
             self.warm_up(job.options)
-        with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch:  # the env logs
-            batch = await _Batch.start(job, Path(scratch), self.options)
-            try:
-                await batch.generate(emit)
-            finally:
+        ended = job.step == job.steps - 1
+        try:
+            if getattr(self, "batch", None) is None:
+                self.scratch = tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")  # env logs
+                self.batch = await _Batch.start(job, Path(self.scratch.name), self.options)
+            else:
+                await self.batch.hand_over(job)
+            await self.batch.generate(emit, job.step)
+        except BaseException:
+            ended = ended or job.on_step_failure == "stop"
+            raise
+        finally:
+            if ended:
+                await self._stop()
+
+    async def update_weights(self, job: RolloutJob) -> str:
+        """prime-rl's trainer side before step `job.step` (`run --steps K`): the trainer publishes checkpoint n by
+        writing `broadcasts/step_<n>/STABLE` in the output folder; the orchestrator's own policy-update loop
+        (`scheduler.py`, `update_policy_loop` / `_apply_policy_update`) finds it and makes the admin calls on the
+        inference server (`utils/client.py`, `update_weights`: `/pause?mode=keep`, `/update_weights` with the
+        checkpoint's folder, `/resume`). The trainer here is as far behind as prime-rl lets it be: before step k it
+        has published checkpoint max(k - max_async_level, 0), the one the scheduler would wait for
+        (`_compute_next_ckpt_step`); checkpoint 0 is the initial weights, never sent. Waits until the scheduler
+        has applied it, so the step starts on it; the version is the checkpoint's step."""
+        batch = getattr(self, "batch", None)
+        if batch is None:
+            return "0"
+        return str(await batch.publish_checkpoint(max(job.step - batch.max_async_level, 0)))
+
+    async def _stop(self) -> None:
+        batch, self.batch = getattr(self, "batch", None), None
+        try:
+            if batch is not None:
                 await batch.stop()
+        finally:
+            scratch = getattr(self, "scratch", None)
+            if scratch is not None:
+                scratch.cleanup()
+                self.scratch = None
 
 
 def _refuse_unusable_verifiers(checkout: Checkout | None) -> None:
@@ -161,10 +213,15 @@ class _Batch:
     """One `generate_batch` and everything it needs, built and run on prime-rl's loop."""
 
     def __init__(self, job: RolloutJob, groups: dict[str, list[TrajectorySpec]], train_envs: Any, buffer: Any,
-                 scheduler: Any) -> None:
+                 scheduler: Any, output_dir: Path) -> None:
         self.job, self.groups, self.train_envs, self.buffer, self.scheduler = job, groups, train_envs, buffer, scheduler
+        self.output_dir = output_dir
+        self.max_async_level = scheduler.max_async_level
         self.by_example = {index: members for index, members in enumerate(groups.values())}
+        self.step_examples = set(self.by_example)  # the running step's example ids
+        self.reported: set[int] = set()  # given-up groups already reported
         self.last: dict[str, dict[str, Any]] = {}  # trajectory -> the output of its latest attempt
+        self.policy: dict[str, str | None] = {}  # trajectory -> the checkpoint its latest attempt was sent under
         self.attempts: dict[str, int] = {}  # group -> group rollouts that came back
         env = train_envs.get(ENV_NAME).env
         env.observe = self._observe
@@ -206,15 +263,52 @@ class _Batch:
             max_off_policy_steps=config.max_off_policy_steps, strict_async_level=config.strict_async_level,
             tasks_per_minute=config.tasks_per_minute, lora_name=None)
         buffer.scheduler = scheduler
-        return cls(job, groups, train_envs, buffer, scheduler)
+        buffer.check_shape(_rows(groups, facts))  # a later step's examples are made the same way
+        return cls(job, groups, train_envs, buffer, scheduler, config.output_dir)
 
-    def _observe(self, info: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
+    async def hand_over(self, job: RolloutJob) -> None:
+        """A later step's groups: new examples in the buffer, numbered on from the earlier steps'. The parked
+        groups the scheduler holds (it asked for more work once the last step's groups were out: they stand for
+        this step's work) are dropped with its own `drop_group`, so it draws this step's examples in their place."""
+        from .buffer import PARKED
+
+        groups = job.groups()
+        start = len(self.by_example)
+        rows = _rows(groups, TraceFacts.load(_trace_path(job, "single_turn"), job.trajectories), start)
+        self.buffer.add_examples(rows)
+        for group_id, group in list(self.scheduler.groups.items()):
+            if group.example["example_id"] == PARKED:
+                await self.scheduler.drop_group(group_id)
+        self.groups.update(groups)
+        self.by_example.update({start + i: members for i, members in enumerate(groups.values())})
+        self.step_examples = set(range(start, start + len(groups)))
+        self.job = job
+
+    async def publish_checkpoint(self, step: int, timeout_s: float = 60.0) -> int:
+        """The trainer's checkpoint `step` published (its STABLE marker), then waited for until the scheduler's
+        policy-update loop has applied it (it looks once a second); the checkpoint the scheduler holds."""
+        from prime_rl.utils.pathing import get_broadcast_dir, get_step_path
+
+        if step > self.scheduler.ckpt_step:
+            folder = get_step_path(get_broadcast_dir(self.output_dir), step)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "STABLE").touch()
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            while self.scheduler.ckpt_step < step:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"prime-rl's scheduler did not apply checkpoint {step} within {timeout_s:g} s "
+                                       f"(it holds {self.scheduler.ckpt_step})")
+                await asyncio.sleep(0.05)
+        return self.scheduler.ckpt_step
+
+    def _observe(self, info: dict[str, Any], outputs: list[dict[str, Any]], policy: str | None = None) -> None:
         self.attempts[info[GROUP_KEY]] = self.attempts.get(info[GROUP_KEY], 0) + 1
         for output in outputs:
             self.last[info_of(output)[STATE_KEY]] = output
+            self.policy[info_of(output)[STATE_KEY]] = policy
 
-    async def generate(self, emit: Emit) -> None:
-        batch = asyncio.ensure_future(self.scheduler.generate_batch(step=0))
+    async def generate(self, emit: Emit, step: int = 0) -> None:
+        batch = asyncio.ensure_future(self.scheduler.generate_batch(step=step))
         exhausted = asyncio.ensure_future(self.buffer.exhausted.wait())
         try:
             await asyncio.wait({batch, exhausted}, return_when=asyncio.FIRST_COMPLETED)
@@ -223,13 +317,12 @@ class _Batch:
         if not batch.done():  # every group finished or given up, and the batch cannot fill: the bench ends it
             batch.cancel()
             await asyncio.gather(batch, return_exceptions=True)
-            for eid in sorted(self.buffer.finished):  # accepted by prime-rl's buffer: each member as it came back
+            for eid in sorted(self.buffer.finished & self.step_examples):  # accepted by prime-rl's buffer
                 for spec in self.by_example[eid]:
                     if spec.id in self.last:
                         emit(self.record(self.last[spec.id], spec,
                                          "finished; the batch was ended when nothing was left to run"))
-            for eid in self.buffer.given_up:
-                self._emit_group(eid, emit, reason=f"given up after {self.buffer.max_redraws} replays")
+            self._emit_given_up(emit)
             return
         error = batch.exception()
         if error is not None:
@@ -239,8 +332,15 @@ class _Batch:
         returned = batch.result()
         for output in returned:
             self._emit(output, emit, reason="in the batch generate_batch returned")
+        self._emit_given_up(emit)
+
+    def _emit_given_up(self, emit: Emit) -> None:
+        """Groups the buffer gave up on and not yet reported: each once, at the end of the step that saw it given
+        up (over steps, a group of one step may be given up while the next step fills the scheduler)."""
         for eid in self.buffer.given_up:
-            self._emit_group(eid, emit, reason=f"given up after {self.buffer.max_redraws} replays")
+            if eid not in self.reported:
+                self.reported.add(eid)
+                self._emit_group(eid, emit, reason=f"given up after {self.buffer.max_redraws} replays")
 
     def _emit_group(self, eid: int, emit: Emit, *, reason: str) -> None:
         """A group the batch did not return, every member failed: its own error, or the group's first (a member
@@ -248,7 +348,11 @@ class _Batch:
         outputs = [(spec, self.last.get(spec.id)) for spec in self.by_example[eid]]
         first = next((o["error"] for _, o in outputs if o is not None and o.get("error")), None)
         for spec, output in outputs:
-            if output is None:
+            if output is None:  # no attempt of it came back to the orchestrator (its env server raised on each)
+                emit(SampleRecord(spec.id, spec.group, "failed", status="group dropped",
+                                  prompt_length=len(spec.prompt_ids), error=error_info(first) or ErrorInfo(
+                                      "NoOutput", f"{reason}; no attempt of it returned a rollout", ""),
+                                  details={"group_attempts": self.attempts.get(spec.group, 0), "reported": reason}))
                 continue
             record = self.record(output, spec, reason)
             if record.outcome != "failed":
@@ -267,8 +371,11 @@ class _Batch:
         raise KeyError(f"prime-rl returned a rollout for {trajectory!r}, which is not in the job")
 
     def record(self, output: dict[str, Any], spec: TrajectorySpec, reason: str) -> SampleRecord:
-        return record_of(output, spec, details={"group_attempts": self.attempts.get(spec.group, 0),
-                                                "reported": reason})
+        """The rollout's record, carrying the checkpoint prime-rl sent it under (its weight version)."""
+        record = record_of(output, spec, details={"group_attempts": self.attempts.get(spec.group, 0),
+                                                  "reported": reason})
+        policy = self.policy.get(spec.id)
+        return record if policy is None else dataclasses.replace(record, weight_versions=[policy])
 
     async def stop(self) -> None:
         """The scheduler's in-flight rollouts cancelled, the env client closed, the env server terminated."""
@@ -281,10 +388,11 @@ class _Batch:
             await asyncio.to_thread(self.train_envs.shutdown)
 
 
-def _rows(groups: dict[str, list[TrajectorySpec]], facts: TraceFacts) -> list[dict[str, Any]]:
-    """One dataset row per group: its prompt, answer and members, in the job's order (the example id)."""
+def _rows(groups: dict[str, list[TrajectorySpec]], facts: TraceFacts, start: int = 0) -> list[dict[str, Any]]:
+    """One dataset row per group: its prompt, answer and members, in the job's order (the example id, numbered
+    from `start`: a later step's groups follow the earlier steps')."""
     rows = []
-    for index, (group, members) in enumerate(groups.items()):
+    for index, (group, members) in enumerate(groups.items(), start):
         first = members[0]
         if not first.messages:
             raise ValueError(f"trajectory {first.id}: the prime-rl target needs the prompt as chat messages "
@@ -306,7 +414,9 @@ def _config_fields(job: RolloutJob, size: int, rows: Path, scratch: Path, option
                            "num_workers": 1}],
                   "sampling": sampling},
         "batch_size": len(job.trajectories), "rollouts_per_example": size,
-        "max_inflight_rollouts": len(job.trajectories), "max_async_level": 10**9,
+        "max_inflight_rollouts": len(job.trajectories),
+        # one batch: no weight update is ever waited for; over steps prime-rl's default (1) unless given
+        "max_async_level": int(options.get("max_async_level", MAX_ASYNC_LEVEL if job.steps > 1 else 10**9)),
         "seq_len": job.context_length, "use_renderer": False, "output_dir": scratch / "outputs",
     }
     if "max_error_reschedule_attempts" in options:
