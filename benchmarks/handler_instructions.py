@@ -7,12 +7,14 @@ writing, with `--connections` keep-alive connections each sending its next reque
 benchmark's closed loop; a connection the server drops is replaced). The requests are `server_throughput`'s
 (rlvr-500's turn-0 prompts), so the bare server answers the bench's own reply bytes.
 
-Run it twice under callgrind, once with `--measured 0`, and subtract: the difference is the instructions of the
-measured requests alone (`scripts`: see README, Benchmarks)::
+Under callgrind with `--callgrind`, the warm-up runs uninstrumented and the harness has callgrind (through
+`callgrind_control`) dump an empty window, then the measured requests' window: the second dump's total less the
+first's, over `--measured`, is the instructions per request (the client side of these transports, a few thousand
+instructions a request, is counted too, alike for every kind)::
 
-    valgrind --tool=callgrind --callgrind-out-file=/tmp/a.out python -m benchmarks.handler_instructions bench
-    valgrind --tool=callgrind --callgrind-out-file=/tmp/b.out python -m benchmarks.handler_instructions bench \\
-        --measured 0
+    PYTHONHASHSEED=0 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.out \
+        python -m benchmarks.handler_instructions bench --callgrind
+    grep ^summary /tmp/cg.out.1 /tmp/cg.out.2   # empty window, measured window
 
 Without valgrind it prints the process CPU time of the measured requests (noisy on a loaded machine) and, with
 `--profile FILE`, writes a cProfile of them.
