@@ -238,6 +238,17 @@ def test_a_trajectorys_prompts_parse_from_the_cache_as_from_their_whole_bodies(l
     assert prompts.hits == 5  # the retry, three extensions, and the streamed repeat took their ids from the cache
 
 
+def test_the_prompt_cache_stays_within_its_budget() -> None:
+    profile, prompts = PROFILES["0.5.23"], native_fast.PromptCache()
+    prompts.LIMIT, prompts.LIMIT_BYTES = 4, 3000
+    for number in range(40):
+        raw = json.dumps({"input_ids": list(range(1, 2 + number % 7 * 10))}).encode()
+        fast = native_fast.accept(raw, f"t{number % 6}", profile, native_fast.SamplingCache(), 1000, prompts)
+        assert fast is not None and fast.ids == list(range(1, 2 + number % 7 * 10))
+        assert len(prompts._last) <= 4 and prompts.bytes <= 3000
+        assert prompts.bytes == sum(native_fast._size(text, packed) for text, _, packed in prompts._last.values())
+
+
 def test_accepted_bodies_parse_as_the_slow_path_parses_them() -> None:
     from bench.server.native_request import parse_generate
     from bench.tokenizer import load_tokenizer

@@ -92,9 +92,11 @@ class PromptCache:
     decoded as before."""
 
     LIMIT = 512  # trajectories remembered (cleared when full: a run has a few hundred in flight)
+    LIMIT_BYTES = 64 * 2**20  # and what they hold, reckoned (`_size`): long contexts make large entries
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[bytes, list[int], bytes]] = {}
+        self.bytes = 0
         self.hits = 0  # requests whose ids were all, or all but the new ones, taken from the cache
 
     def parse(self, raw: bytes, hint: str, vocab_size: int) -> tuple[Any, list[int], bytes] | None:
@@ -133,10 +135,23 @@ class PromptCache:
         if body.input_ids or not ids:  # a second `input_ids` key, or none sent: the whole body's decoder decides
             return None
         self.hits += reused
-        if len(self._last) >= self.LIMIT and hint not in self._last:
+        if last is not None:
+            self.bytes -= _size(last[0], last[2])
+            del self._last[hint]
+        size = _size(text, packed)
+        if size > self.LIMIT_BYTES:  # one prompt past the whole budget: not kept
+            return body, ids, packed
+        if len(self._last) >= self.LIMIT or self.bytes + size > self.LIMIT_BYTES:
             self._last.clear()
+            self.bytes = 0
         self._last[hint] = (text, ids, packed)
+        self.bytes += size
         return body, ids, packed
+
+
+def _size(text: bytes, packed: bytes) -> int:
+    """An entry's memory, reckoned: its bytes, and per id 4 packed, a list slot of 8 and an int of 28."""
+    return len(text) + len(packed) // 4 * 40
 
 
 _KEY_LIMIT = 4096  # bytes of sampling parameters a saved reply may be keyed on
