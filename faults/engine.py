@@ -12,10 +12,13 @@ start instead, which `run` moves to the moment the target's worker is loaded (`s
 
 from __future__ import annotations
 
+import operator
 import random
 import time
+from collections import deque
 from dataclasses import dataclass
 from hashlib import blake2b
+from itertools import compress, repeat
 from typing import Any
 
 from .base import Fault, FaultError
@@ -168,8 +171,10 @@ class FaultEngine:
 class CompiledPlan:
     """A plan's request rules, ready for deciding on every request at little cost, with exactly the decisions of
     `Schedule.fires` (in plan order): the conditions that depend only on where a request is (trajectory, group, turn,
-    endpoint, trajectory index) are checked once per place, and a probability is compared as an integer against
-    the hash (`uniform` without its division), from a hash state per rule that already holds its key's start."""
+    endpoint, trajectory index) are checked once per place, and a probability is compared against the same hash
+    `uniform` takes, as bytes (big-endian: the same order as the integer), from a hash state per rule that already
+    holds its key's start. A place whose rules need only that (no attempt or time condition, the usual case) is
+    decided with the loops in C (`map`, `compress`): a chaos plan asks 22 hashes of every turn-0 request."""
 
     _PLACES = 100_000  # places remembered (unknown requests each make one: bounded)
 
@@ -177,12 +182,12 @@ class CompiledPlan:
         self.plan = plan
         self.rules = tuple(r for r in plan.rules if r.fault.server_side and not r.fault.on_weight_update)
         # per rule: its `uniform` hash with the key's start already hashed (each request copies it and hashes only its
-        # own part: half the cost of hashing the whole key), and its probability as a threshold on the hash
+        # own part: half the cost of hashing the whole key), and its probability as a bound on the hash's bytes
         self._keys = tuple(blake2b(f"{plan.seed}\x00{r.name}\x00".encode(), digest_size=8)
                            if r.schedule.p is not None else None for r in self.rules)
-        self._thresholds = tuple(_threshold(r.schedule._threshold) if r.schedule.p is not None else 0
-                                 for r in self.rules)
-        self._places: dict[tuple[object, ...], tuple[tuple[Rule, Any, int, bool], ...]] = {}
+        self._bounds = tuple(_bound(_threshold(r.schedule._threshold)) if r.schedule.p is not None else _ALWAYS
+                             for r in self.rules)
+        self._places: dict[tuple[object, ...], _Place] = {}
 
     def fired(self, target: Target, elapsed: float) -> tuple[Rule, ...]:
         return self.fired_fields(target.trajectory, target.index, target.group, target.turn, target.attempt,
@@ -194,37 +199,40 @@ class CompiledPlan:
         if not self.rules:
             return ()
         place = (trajectory, index, group, turn, endpoint)
-        candidates = self._places.get(place)
-        if candidates is None:
-            candidates = self._candidates(trajectory, index, group, turn, endpoint)
+        found = self._places.get(place)
+        if found is None:
+            found = self._place(trajectory, index, group, turn, endpoint)
             if len(self._places) >= self._PLACES:
                 self._places.clear()
-            self._places[place] = candidates
-        if not candidates:
+            self._places[place] = found
+        rules, states, bounds, simple = found
+        if not rules:
             return ()
         suffix = f"{trajectory}\x00{turn}\x00{attempt}".encode()
+        if simple:  # every rule fires on its hash alone: copy, update and compare in C
+            hashes = list(map(_copy, states))
+            _consume(map(_update, hashes, repeat(suffix, len(hashes))), 0)
+            return tuple(compress(rules, map(_lt, map(_digest, hashes), bounds)))
         fired = []
-        for rule, started, threshold, simple in candidates:
-            if not simple:
+        for rule, started, bound in zip(rules, states, bounds):
+            if rule.schedule.attempts is not None or rule.schedule.first is not None or rule.schedule.window is not None:
                 if target is None:
                     target = Target(trajectory, index, group, turn, attempt, endpoint)
                 if rule.schedule.fires(self.plan.seed, rule.name, target, elapsed):
                     fired.append(rule)
                 continue
-            if started is not None:
-                hashed = started.copy()
-                hashed.update(suffix)
-                if _from_bytes(hashed.digest(), "big") >= threshold:
-                    continue
-            fired.append(rule)
+            hashed = started.copy()
+            hashed.update(suffix)
+            if hashed.digest() < bound:
+                fired.append(rule)
         return tuple(fired)
 
-    def _candidates(self, trajectory: str, index: int | None, group: str | None, turn: int, endpoint: str
-                    ) -> tuple[tuple[Rule, Any, int, bool], ...]:
-        """The rules whose place conditions hold for the target, each with its started hash (None: no probability),
-        its integer threshold, and whether that is all left to check (no attempt or time condition)."""
-        out = []
-        for rule, key, threshold in zip(self.rules, self._keys, self._thresholds):
+    def _place(self, trajectory: str, index: int | None, group: str | None, turn: int, endpoint: str) -> "_Place":
+        """The rules whose place conditions hold for the target, each with its started hash (a shared blank one for a
+        rule with no probability, whose bound every hash is below) and its bound, and whether that is all left to
+        check for each (no attempt or time condition)."""
+        rules, states, bounds = [], [], []
+        for rule, key, bound in zip(self.rules, self._keys, self._bounds):
             s = rule.schedule
             if (s.endpoints is not None and endpoint not in s.endpoints
                     or s.trajectories is not None and trajectory not in s.trajectories
@@ -232,8 +240,26 @@ class CompiledPlan:
                     or s.turns is not None and turn not in s.turns
                     or s.every is not None and (index is None or (index + 1) % s.every)):
                 continue
-            out.append((rule, key, threshold, s.attempts is None and s.first is None and s.window is None))
-        return tuple(out)
+            rules.append(rule)
+            states.append(_BLANK if key is None else key)
+            bounds.append(bound)
+        simple = all(r.schedule.attempts is None and r.schedule.first is None and r.schedule.window is None
+                     for r in rules)
+        return tuple(rules), tuple(states), tuple(bounds), simple
+
+
+_Place = tuple[tuple[Rule, ...], tuple[Any, ...], tuple[bytes, ...], bool]
+_BLANK = blake2b(digest_size=8)  # hashed for a rule with no probability: its bound lets every digest through
+_ALWAYS = b"\xff" * 9  # above every 8-byte digest (a digest of eight 0xff bytes is a prefix of it, so below it)
+_copy, _update, _digest = type(_BLANK).copy, type(_BLANK).update, type(_BLANK).digest
+_lt = operator.lt
+_consume = deque  # deque(iterator, 0): runs it through in C, keeping nothing
+
+
+def _bound(threshold: int) -> bytes:
+    """`threshold` (a fire happens when the digest, as a big-endian integer, is below it) as bytes that 8-byte
+    digests compare against in the same order: 2**64 (every digest) is above all of them, 0 below all."""
+    return _ALWAYS if threshold >= 2**64 else threshold.to_bytes(8, "big")
 
 
 def _threshold(p: float) -> int:
@@ -246,9 +272,6 @@ def _threshold(p: float) -> int:
         else:
             high = middle
     return low
-
-
-_from_bytes = int.from_bytes
 
 
 __all__ = ["CompiledPlan", "Decision", "FAULT_HEADER", "FaultEngine", "PlanError", "forced_rules"]

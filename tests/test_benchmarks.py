@@ -325,3 +325,22 @@ def test_sweep_executors_quick_runs_the_same_sweep_locally_and_on_a_two_node_clu
         assert result["per_run"][kind]["cpu_s"] > 0 and result["per_run"][kind]["run_wall_s"] > 0
     assert result["cpu_ratio"] == pytest.approx(result["per_run"]["ray"]["cpu_s"] / result["per_run"]["local"]["cpu_s"])
     assert len(result["extrapolated_1000_runs"]) == 9 and "EXTRAPOLATED" in stdout
+
+
+@pytest.mark.slow
+def test_handler_instructions_drives_each_server_through_its_protocol_and_counts_every_answer() -> None:
+    """The in-memory harness answers exactly the requests asked for, the bench's all 200, bench-plan's plan firing
+    (some answers not 200, or dropped and replaced); without valgrind it still reports the CPU per request."""
+    results = {}
+    for kind in ("bare-bytes", "bench", "bench-plan"):
+        done = subprocess.run([sys.executable, "-m", "benchmarks.handler_instructions", kind, "--warm-up", "200",
+                               "--measured", "600"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-4000:]
+        results[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+    for kind, result in results.items():
+        answered = sum(n for status, n in result["statuses"].items() if status != "dropped")
+        assert result["answers"] == answered == 800, (kind, result)
+        assert result["cpu_us_per_request"] > 0
+    assert results["bare-bytes"]["statuses"] == results["bench"]["statuses"] == {"200": 800}
+    assert set(results["bench-plan"]["statuses"]) - {"200"}, results["bench-plan"]  # the chaos plan fired

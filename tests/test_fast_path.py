@@ -29,7 +29,7 @@ from bench.server import native, native_fast
 from bench.server.app import create_app, load_context
 from bench.server.context import ServerContext
 from faults import Target, plan_from_specs, resolve_plan
-from faults.engine import CompiledPlan, _threshold
+from faults.engine import CompiledPlan, _bound, _threshold
 from tests.server_helpers import ReadingProtocol
 
 TRACE = "retool-64"  # 64 multi-turn trajectories, 167 turns
@@ -186,6 +186,70 @@ def test_shapes_the_fast_path_does_not_take_fall_back(body: dict[str, Any]) -> N
     assert native_fast.accept(json.dumps(body).encode(), None, profile, native_fast.SamplingCache(), 100_000) is None
 
 
+def _fields(fast: native_fast.FastRequest | None) -> Any:
+    if fast is None:
+        return None
+    return (fast.ids, fast.hint, fast.sampling, fast.params, fast.shape, fast.key, fast.packed,
+            fast.rid if fast.rid.startswith("r") else "made up")
+
+
+@pytest.mark.parametrize("layout", ["python", "compact"])
+def test_a_trajectorys_prompts_parse_from_the_cache_as_from_their_whole_bodies(layout: str) -> None:
+    """`PromptCache`: each body, sent after the others of its trajectory in this order, is taken as the whole body's
+    decoder takes it (or refused as it refuses it), whether its ids extend the previous request's, repeat them, or
+    only look alike."""
+    separators = (", ", ": ") if layout == "python" else (",", ":")
+    profile, vocab = PROFILES["0.5.23"], 1000
+    params = {"max_new_tokens": 3}
+
+    def body(ids: Any, **extra: Any) -> bytes:
+        return json.dumps({"input_ids": ids, "sampling_params": params, "return_logprob": True, **extra},
+                          separators=separators).encode()
+
+    sent = [
+        body([5, 6, 7]),
+        body([5, 6, 7]),  # a retry: the same bytes
+        body([5, 6, 7, 8, 9], rid="r1"),  # the next turn
+        body([5, 6, 7, 8, 9, 10]),
+        body([5, 6, 7, 8, 9, 10, 999]),
+        body([5, 6, 7, 8, 9, 10, 999, 1000]),  # the new id is outside the vocabulary: refused
+        body([5, 6, 7, 8, 9, 10, 9991]),  # 999 and then 1: not an extension at a comma
+        body([5, 6, 7, 8, 9, 10, 999]).replace(b"999]", b"999,]"),  # a trailing comma: not JSON
+        body([5, 6, 7, 8, 9, 10, 999]).replace(b"999]", b"999, 12.0]"),  # a float: not an id
+        body([5, 6, 7, 8, 9, 10, 999]).replace(b"999]", b'999, "a]"]'),  # a string holding the bracket
+        body([5, 6, 7, 8, 9, 10, 999]).replace(b"999]", b"999 , 3 ]"),  # spaces where JSON allows them
+        body([5, 6, 7, 8, 9, 10, 999], stream=True),
+        body([5, 6, 7, 8, 9, 10, 999], input_ids=[1]),  # a second input_ids key: the last one counts
+        body([5, 6, 7, 8, 9, 10, 999])[:-1],  # cut short
+        body([5, 6, 7, 8, 9, 10, 999], unknown=1),  # a key SGLang's schema does not take
+        body([5, 6, 7, 8, 9, 10, 999], rid=["x]"]),
+        body([]),
+        body([5, 6, 7, 8, 9, 10, 999, 3, 4]),
+        json.dumps({"sampling_params": params, "input_ids": [5, 6, 7, 8, 9, 10, 999, 3, 4, 5]}).encode(),
+        body([1, 2]),  # another prompt altogether
+        body([1, 2, 3]),
+    ]
+    prompts = native_fast.PromptCache()
+    for raw in sent:
+        cached = native_fast.accept(raw, "t1", profile, native_fast.SamplingCache(), vocab, prompts)
+        whole = native_fast.accept(raw, "t1", profile, native_fast.SamplingCache(), vocab)
+        assert _fields(cached) == _fields(whole), raw
+    assert [_fields(native_fast.accept(raw, "t1", profile, native_fast.SamplingCache(), vocab)) is None
+            for raw in sent] == [False] * 5 + [True] * 5 + [False, True, False] + [True] * 4 + [False] * 4
+    assert prompts.hits == 5  # the retry, three extensions, and the streamed repeat took their ids from the cache
+
+
+def test_the_prompt_cache_stays_within_its_budget() -> None:
+    profile, prompts = PROFILES["0.5.23"], native_fast.PromptCache()
+    prompts.LIMIT, prompts.LIMIT_BYTES = 4, 3000
+    for number in range(40):
+        raw = json.dumps({"input_ids": list(range(1, 2 + number % 7 * 10))}).encode()
+        fast = native_fast.accept(raw, f"t{number % 6}", profile, native_fast.SamplingCache(), 1000, prompts)
+        assert fast is not None and fast.ids == list(range(1, 2 + number % 7 * 10))
+        assert len(prompts._last) <= 4 and prompts.bytes <= 3000
+        assert prompts.bytes == sum(native_fast._size(text, packed) for text, _, packed in prompts._last.values())
+
+
 def test_accepted_bodies_parse_as_the_slow_path_parses_them() -> None:
     from bench.server.native_request import parse_generate
     from bench.tokenizer import load_tokenizer
@@ -244,6 +308,18 @@ def test_probability_thresholds_are_exact() -> None:
         threshold = _threshold(p)
         assert threshold == 2**64 or threshold / 2**64 >= p
         assert threshold == 0 or (threshold - 1) / 2**64 < p
+
+
+def test_digests_compare_with_the_bound_bytes_as_with_the_integer_threshold() -> None:
+    """Compiled decisions compare a rule's 8-byte digest with its bound as bytes: the same answer as the integer."""
+    rng = random.Random(9)
+    edges = [0, 1, 2**63, 2**64 - 1, 2**64]
+    digests = [bytes(8), b"\xff" * 8, (2**63).to_bytes(8, "big")] + [rng.randbytes(8) for _ in range(2000)]
+    for threshold in edges + [rng.randrange(2**64) for _ in range(200)]:
+        bound = _bound(threshold)
+        for digest in digests[:3] + rng.sample(digests, 50) + [max(0, threshold - 1).to_bytes(8, "big"),
+                                                               min(threshold, 2**64 - 1).to_bytes(8, "big")]:
+            assert (digest < bound) == (int.from_bytes(digest, "big") < threshold), (threshold, digest)
 
 
 WAITS = 200

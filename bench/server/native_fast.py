@@ -55,18 +55,103 @@ class _Plain(msgspec.Struct, forbid_unknown_fields=True):
     return_prompt_token_ids: Union[bool, None] = None
 
 
-_plain_decoders: dict[int, Any] = {}  # vocabulary size -> a decoder of `_Plain` whose ids must lie in [0, size)
+_plain_decoders: dict[int, tuple[Any, Any]] = {}  # vocabulary size -> decoders of `_Plain`, and of its ids alone
 
 
 def _decoder_for(vocab_size: int) -> Any:
     """`_Plain`'s decoder with the ids' range checked while decoding (in C, instead of a `max` and a `min` after)."""
-    decode = _plain_decoders.get(vocab_size)
-    if decode is None:
+    return _decoders_for(vocab_size)[0]
+
+
+def _decoders_for(vocab_size: int) -> tuple[Any, Any]:
+    """`_Plain`'s decoder, and a decoder of an `input_ids` array alone, with the same range check."""
+    decoders = _plain_decoders.get(vocab_size)
+    if decoders is None:
         in_vocabulary = Annotated[int, msgspec.Meta(ge=0, lt=vocab_size)]
         checked = msgspec.defstruct("_PlainInVocabulary", [("input_ids", list[in_vocabulary])], bases=(_Plain,),
                                     forbid_unknown_fields=True)
-        decode = _plain_decoders[vocab_size] = msgspec.json.Decoder(checked).decode
-    return decode
+        decoders = _plain_decoders[vocab_size] = (msgspec.json.Decoder(checked).decode,
+                                                  msgspec.json.Decoder(list[in_vocabulary]).decode)
+    return decoders
+
+
+_OPENINGS = (b'{"input_ids": [', b'{"input_ids":[')  # Python's `json.dumps` (aiohttp's `json=`), and compact
+_COMMA = ord(",")
+
+
+class PromptCache:
+    """The latest `input_ids` each trajectory sent (named by its `X-Bench-Trajectory` header), as the array's bytes,
+    its ids and their packing: a multi-turn rollout sends its whole context every turn (1,640 ids on average in
+    agentic-500), each time the previous one's followed by what came since, and a retry sends it again. So only the
+    ids after a previous request's bytes are decoded and packed; the rest of the body is decoded on its own.
+
+    Exact, never stale: a request's ids are taken from the cache only where its bytes are the cached bytes (a memcmp),
+    the first byte after them a comma and the new ids a valid array of their own; the rest of the body is decoded as
+    the body with an empty array in that place, so every key, type and range is checked as the whole body's decoder
+    checks it. Anything else (another layout, a body that starts with another key) returns None: the whole body is
+    decoded as before."""
+
+    LIMIT = 512  # trajectories remembered (cleared when full: a run has a few hundred in flight)
+    LIMIT_BYTES = 64 * 2**20  # and what they hold, reckoned (`_size`): long contexts make large entries
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[bytes, list[int], bytes]] = {}
+        self.bytes = 0
+        self.hits = 0  # requests whose ids were all, or all but the new ones, taken from the cache
+
+    def parse(self, raw: bytes, hint: str, vocab_size: int) -> tuple[Any, list[int], bytes] | None:
+        """(the body decoded with an empty `input_ids`, the ids, the ids packed), or None (decode it whole)."""
+        for opening in _OPENINGS:
+            if raw.startswith(opening):
+                break
+        else:
+            return None
+        start = len(opening) - 1  # the array's '['
+        close = raw.find(b"]", start)  # its end, once what is before it decodes as ids (no string or nested array)
+        if close < 0:
+            return None
+        text = raw[start:close]
+        decode_body, decode_ids = _decoders_for(vocab_size)
+        ids: list[int] | None = None
+        packed, reused = b"", True
+        last = self._last.get(hint)
+        try:
+            if last is not None:
+                seen, seen_ids, seen_packed = last
+                if text == seen:
+                    ids, packed = seen_ids, seen_packed
+                elif len(text) > len(seen) and text[len(seen)] == _COMMA and text.startswith(seen):
+                    tail = decode_ids(b"[" + text[len(seen) + 1:] + b"]")
+                    if not tail:  # `[1, 2,]`: not JSON (the whole body's decoder refuses it)
+                        return None
+                    ids, packed = seen_ids + tail, seen_packed + pack(tail)
+            if ids is None:
+                reused = False
+                ids = decode_ids(text + b"]")
+                packed = pack(ids)
+            body = decode_body(opening + b"]" + raw[close + 1:])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        if body.input_ids or not ids:  # a second `input_ids` key, or none sent: the whole body's decoder decides
+            return None
+        self.hits += reused
+        if last is not None:
+            self.bytes -= _size(last[0], last[2])
+            del self._last[hint]
+        size = _size(text, packed)
+        if size > self.LIMIT_BYTES:  # one prompt past the whole budget: not kept
+            return body, ids, packed
+        if len(self._last) >= self.LIMIT or self.bytes + size > self.LIMIT_BYTES:
+            self._last.clear()
+            self.bytes = 0
+        self._last[hint] = (text, ids, packed)
+        self.bytes += size
+        return body, ids, packed
+
+
+def _size(text: bytes, packed: bytes) -> int:
+    """An entry's memory, reckoned: its bytes, and per id 4 packed, a list slot of 8 and an int of 28."""
+    return len(text) + len(packed) // 4 * 40
 
 
 _KEY_LIMIT = 4096  # bytes of sampling parameters a saved reply may be keyed on
@@ -136,17 +221,26 @@ class SamplingCache:
 
 
 def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: SamplingCache,
-           vocab_size: int) -> FastRequest | None:
+           vocab_size: int, prompts: PromptCache | None = None) -> FastRequest | None:
     """The body as a fast-path request, or None: anything but one prompt of token ids, not streamed, with valid
-    sampling parameters, takes the slow path (which rejects, batches, streams, tokenizes as SGLang does)."""
-    try:  # ids outside the vocabulary do not decode: the slow path refuses them
-        body = _decoder_for(vocab_size)(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    sampling parameters, takes the slow path (which rejects, batches, streams, tokenizes as SGLang does). With
+    `prompts`, a trajectory's ids already seen (its previous turn's, a retry's) are not decoded again."""
+    found_prompt = prompts.parse(raw, hint, vocab_size) if prompts is not None and hint is not None else None
+    if found_prompt is not None:
+        body, ids, packed = found_prompt
+    else:
+        try:  # ids outside the vocabulary do not decode: the slow path refuses them
+            body = _decoder_for(vocab_size)(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        ids = body.input_ids
+        if not ids:
+            return None
+        packed = b""
+    if body.stream:
         return None
-    ids = body.input_ids
-    if not ids or body.stream:
-        return None
-    packed = pack(ids)  # needed for identifying it anyway (the decoder checked the range)
+    if not packed:
+        packed = pack(ids)  # needed for identifying it anyway (the decoder checked the range)
     key = bytes(body.sampling_params)
     if len(key) > _KEY_LIMIT:  # the caches key on these bytes: a large one takes the slow path, unsaved
         return None
@@ -249,6 +343,7 @@ class ReplyCache:
         self.hits = self.saved = 0  # replies answered from the cache, replies made and saved
         self._replies: OrderedDict[tuple[Any, ...], Reply | None] = OrderedDict()
         self.sampling = SamplingCache()
+        self.prompts = PromptCache()
 
     def __len__(self) -> int:
         return len(self._replies)

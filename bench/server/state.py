@@ -17,12 +17,58 @@ _IDLE_POLL_S = 0.1  # how often a hold looks at whether anything else is still g
 VERSION_HISTORY = 4096  # weight-version changes kept (`version_at`): a long-lived server keeps the latest
 
 
+class Wake:
+    """What `/abort_request` and `/pause_generation` set to wake a request's pacer: an `asyncio.Event` for its one
+    waiter, whose wait can also end at a deadline. A paced answer waits twice (first token, the rest): under
+    `asyncio.timeout` each wait made a timeout context, a reschedulable timer and the event's own future; here it
+    is one future and one timer handle."""
+
+    __slots__ = ("_value", "_waiter")
+
+    def __init__(self) -> None:
+        self._value = False
+        self._waiter: asyncio.Future[bool] | None = None
+
+    def is_set(self) -> bool:
+        return self._value
+
+    def set(self) -> None:
+        self._value = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+
+    def clear(self) -> None:
+        self._value = False
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Until set (True), or `timeout` seconds passed first (False); woken in the loop iteration after either,
+        as `asyncio.timeout` around `Event.wait` woke it."""
+        if self._value:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self._waiter is waiter:
+                self._waiter = None
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
 @dataclass
 class InFlight:
     rid: str
     identity: Any = None  # the request's replay Identity, for fault events raised while it runs
     started: float = field(default_factory=time.monotonic)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: Wake = field(default_factory=Wake)
     aborted: bool = False
     prefilled: bool = False  # past the first token: an abort returns partial output
 
@@ -160,11 +206,7 @@ class Pacer:
                 return True
             started = time.monotonic()
             self._entry.wake.clear()
-            try:  # `timeout`, not `wait_for`: no task per wait (~11 µs less CPU each, twice per request)
-                async with asyncio.timeout(remaining):
-                    await self._entry.wake.wait()
-            except TimeoutError:
-                pass
+            await self._entry.wake.wait(remaining)  # no task, no timeout context: one future and one timer
             spent = time.monotonic() - started
             self.active += min(spent, remaining)
             remaining -= spent
