@@ -23,21 +23,13 @@ from bench import RunConfig, RunResult, run
 from bench.targets.frameworks.envs import environment_python
 from faults import plan_from_specs
 from tests.ray_helpers import ray_processes, worker_pid
+from tests.test_target_verl import VERSIONS, version  # noqa: F401 - the fixture: one run per verl version
 
-VERSIONS = {"0.8.0": "verl", "0.9.1": "verl-0.9"}  # verl version -> its environment folder
 STEPS, CLEAN_STEPS, N = 4, 5, 8  # 2 groups of 4 per step
 CRASH = "raise_after_generate:p=1,steps=1,trajectories=g00002-1"  # step 1 holds g00002 and g00003
 SLEEP = ["/release_memory_occupation"]
 SYNC = ["/resume_memory_occupation", "/update_weights_from_tensor", "/flush_cache", "/resume_memory_occupation"]
 TRAINER_ROUTES = set(SLEEP + SYNC)
-
-
-@pytest.fixture(scope="module", params=list(VERSIONS))
-def version(request: pytest.FixtureRequest) -> str:
-    if environment_python(VERSIONS[request.param]) is None:
-        pytest.skip(f"the verl {request.param} environment (.targets/{VERSIONS[request.param]}) is not built "
-                    "(make targets)")
-    return str(request.param)
 
 
 def _run(version: str, variant: str, faults: list[str], steps: int = STEPS) -> RunResult:

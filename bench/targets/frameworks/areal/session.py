@@ -93,7 +93,7 @@ class Session:
                                        max_concurrent_rollouts=job.concurrency, consumer_batch_size=size,
                                        max_head_offpolicyness=self.offpolicyness)
         tokenizer = AutoTokenizer.from_pretrained(str(job.tokenizer_path))
-        items, workflows = _data(job, self.kind, self.specs, tokenizer, self.episodes)
+        items, workflows = workflow_items(job, self.kind, self.specs, tokenizer, self.episodes)
         self.workflow = StepWorkflows(workflows, self.episodes, len(self.specs))
         self.feed = Feed(size, items)
         self.update = weights.meta()
@@ -145,7 +145,7 @@ class Session:
             engine.destroy()
 
 
-def _data(job: RolloutJob, kind: str, specs: list[TrajectorySpec], tokenizer: Any,
+def workflow_items(job: RolloutJob, kind: str, specs: list[TrajectorySpec], tokenizer: Any,
           episodes: Episodes) -> tuple[list[dict[str, Any]], dict[int, Any]]:
     """Each trajectory's dataloader item and the AReaL workflow it runs in (one per recorded sampling)."""
     from areal.api.cli_args import GenerationHyperparameters

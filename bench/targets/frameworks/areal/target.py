@@ -39,14 +39,12 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import os
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from bench.records.sample import ErrorInfo, SampleRecord
 from bench.targets.base import Emit, RolloutJob, TrajectorySpec
 
-from . import rewards
 
 VARIANTS = ("plain",)
 WORKFLOWS = ("rlvr", "agent")
@@ -153,8 +151,12 @@ class ArealTarget:
         engine.initialize(addr=f"{address.hostname}:{address.port}")
         episodes = Episodes()
         try:
-            submit = _submit_agent if workflow == "agent" else _submit_rlvr
-            submit(engine, job, tokenizer, episodes)
+            from .session import workflow_items  # the items and workflows a step of many submits too
+
+            items, workflows = workflow_items(job, workflow, job.trajectories, tokenizer, episodes)
+            for index, item in enumerate(items):  # an agent's episodes are accepted by AReaL's own filter
+                engine.submit(item, workflows[index],
+                              **({"should_accept_fn": episodes.accept(index)} if workflow == "agent" else {}))
             results = engine.wait(len(job.trajectories), timeout=None)
         finally:
             engine.destroy()
@@ -179,44 +181,6 @@ def _offpolicyness(options: dict[str, Any]) -> int | None:
 def _versions(versions: list[int]) -> list[str]:
     """The distinct versions of AReaL's counter on a sample's trained tokens, oldest first."""
     return [str(v) for v in sorted(set(versions))]
-
-
-def _submit_rlvr(engine: Any, job: RolloutJob, tokenizer: Any, episodes: Any) -> None:
-    from areal.api.cli_args import GenerationHyperparameters
-
-    from .workflow import bench_workflow
-
-    workflows: dict[tuple[int, float], Any] = {}  # one per recorded (max_new_tokens, temperature)
-    for index, spec in enumerate(job.trajectories):
-        key = _sampling(spec)
-        if key not in workflows:
-            gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=key[0], temperature=key[1])
-            workflows[key] = bench_workflow(rewards.PATH, gconfig, tokenizer, episodes)
-        engine.submit({"messages": spec.messages, INDEX_KEY: index, TRAJECTORY_KEY: spec.id, REWARD_KEY: 1.0},
-                      workflows[key])
-
-
-def _submit_agent(engine: Any, job: RolloutJob, tokenizer: Any, episodes: Any) -> None:
-    from bench.targets.recorded_tools import RecordedTools
-
-    from .agent import AgentSettings, ToolAgentWorkflow, agent_data
-
-    tools = RecordedTools.load(Path(job.options["trace"]), job.trajectories) if job.options.get("trace") \
-        else RecordedTools({}, {})
-    limit = job.options.get("engine_max_tokens")
-    workflows: dict[tuple[int, float], Any] = {}
-    for index, spec in enumerate(job.trajectories):
-        if not spec.messages or not spec.tools:
-            raise ValueError(f"areal workflow=agent: trajectory {spec.id} has no prompt messages and tools "
-                             "(an agentic trace has both; use workflow=rlvr for single-turn traces)")
-        key = _sampling(spec)
-        if key not in workflows:
-            settings = AgentSettings(max_completion_tokens=key[0], temperature=key[1],
-                                     engine_max_tokens=None if limit is None else int(limit),
-                                     tool_call_parser=str(job.options.get("tool_call_parser", "qwen")))
-            workflows[key] = ToolAgentWorkflow(rewards.PATH, tokenizer, tools, settings, episodes)
-        engine.submit(agent_data(index, spec, tools.rewards.get(spec.id)), workflows[key],
-                      should_accept_fn=episodes.accept(index))
 
 
 def _sampling(spec: TrajectorySpec) -> tuple[int, float]:
