@@ -112,6 +112,27 @@ def test_a_damaged_entry_is_ignored_named_and_rewritten(trace: Path, cache: Trac
         assert same_store(TraceStore.load(trace, cache=cache), expected)
 
 
+def test_an_entry_cut_inside_its_header_is_damaged_not_trusted(trace: Path, cache: TraceCache) -> None:
+    expected = TraceStore.load(trace, cache=cache)
+    [entry] = entries(cache)
+    entry.write_bytes(entry.read_bytes()[: len(trace_cache.MAGIC) + 10])  # the header's length, then the end
+    with pytest.warns(TraceCacheWarning, match="ends inside its header"):
+        assert same_store(TraceStore.load(trace, cache=cache), expected)
+
+
+def test_a_trace_the_entry_cannot_encode_still_loads_and_is_not_kept(tmp_path: Path, small_agentic: Path,
+                                                                     cache: TraceCache) -> None:
+    """JSON allows integers past 64 bits (a sampling seed); the entry's encoding does not: the run must not fail."""
+    rows = read_lines(small_agentic)
+    trajectory = next(row for row in rows if row.get("turns"))
+    trajectory["turns"][0]["request"]["sampling_params"]["seed"] = 2**65
+    big = settled(write_lines(tmp_path / "big.jsonl", rows))
+    with pytest.warns(TraceCacheWarning, match="cannot be kept"):
+        store = TraceStore.load(big, cache=cache)
+    assert store.by_id[trajectory["id"]].first_sampling_params["seed"] == 2**65
+    assert not entries(cache)
+
+
 def test_a_corrupt_trace_fails_naming_its_line_every_time(tmp_path: Path, small_agentic: Path,
                                                           cache: TraceCache) -> None:
     lines = small_agentic.read_text(encoding="utf-8").splitlines(keepends=True)

@@ -30,7 +30,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgspec
 
@@ -112,19 +112,24 @@ def loader_version() -> str:
 
 
 def read(cache: TraceCache, path: Path, key: dict[str, Any]) -> "TraceStore | None":
-    """The cached store for this key, or None (a miss: no entry, another key, or a damaged entry, warned about)."""
+    """The cached store for this key, or None (a miss: no entry, another key, or a damaged entry, warned about).
+    The header is read first: an entry of another key is not read whole (hundreds of MB for a big trace)."""
     entry = cache.entry(Path(key["path"]))
     try:
-        data = entry.read_bytes()
+        with entry.open("rb") as handle:
+            header = _header(handle)
+            if header.get("key") != key:
+                return None  # an older version of the file, or of the loader (or of this layout): the load rewrites it
+            payload = handle.read()
     except FileNotFoundError:
         return None
     except OSError as error:
         _warn(f"trace cache entry {entry} is unreadable ({error}); loading {path}")
         return None
+    except ValueError as error:
+        _warn(f"trace cache entry {entry} is damaged ({error}); loading {path} and rewriting it")
+        return None
     try:
-        header, payload = _split(data)
-        if header.get("key") != key:
-            return None  # an older version of the file, or of the loader (or of this layout): the load rewrites it
         if _crc32(payload) != header.get("crc32"):
             raise ValueError("its checksum does not match its content")
         store = _decode(path, payload)
@@ -144,7 +149,13 @@ def write(cache: TraceCache, store: "TraceStore", key: dict[str, Any]) -> Path |
     path = Path(key["path"])
     if time.time_ns() - key["mtime_ns"] < RACY_S * 1e9 or file_key(path) != key:
         return None
-    payload = _encode(store)
+    try:
+        payload = _encode(store)
+    except (OverflowError, TypeError, ValueError, msgspec.MsgspecError) as error:
+        # a value JSON allows and the entry's encoding does not (an integer past 64 bits in sampling_params):
+        # the trace loaded and is served; it is only not kept
+        _warn(f"trace cache: {path} cannot be kept ({error}); it loads from the file each time")
+        return None
     header = json.dumps({"key": key, "crc32": _crc32(payload)}, sort_keys=True).encode()
     size = len(MAGIC) + _LENGTH.size + len(header) + len(payload)
     if size > cache.limit_bytes:
@@ -189,19 +200,22 @@ def trim(cache: TraceCache, keep: Path | None = None) -> None:
             total -= size
 
 
-def _split(data: bytes) -> tuple[dict[str, Any], memoryview]:
-    """(header, payload) of an entry's bytes; ValueError when it is not an entry."""
-    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LENGTH.size:
+def _header(handle: BinaryIO) -> dict[str, Any]:
+    """An entry's header, read from its start (the payload follows); ValueError when it is not an entry."""
+    prefix = handle.read(len(MAGIC) + _LENGTH.size)
+    if not prefix.startswith(MAGIC) or len(prefix) < len(MAGIC) + _LENGTH.size:
         raise ValueError("it does not start as an entry does")
-    start = len(MAGIC) + _LENGTH.size
-    (length,) = _LENGTH.unpack_from(data, len(MAGIC))
+    (length,) = _LENGTH.unpack_from(prefix, len(MAGIC))
+    raw = handle.read(length)
+    if len(raw) < length:
+        raise ValueError("it ends inside its header")
     try:
-        header = json.loads(data[start:start + length])
+        header = json.loads(raw)
     except ValueError as error:
         raise ValueError(f"its header does not parse: {error}") from None
     if not isinstance(header, dict):
         raise ValueError("its header is not an object")
-    return header, memoryview(data)[start + length:]
+    return header
 
 
 class _Payload(msgspec.Struct, array_like=True):
@@ -226,7 +240,7 @@ def _encode(store: "TraceStore") -> bytes:
                                            {group.id: group.prompt for group in store.groups.values()}))
 
 
-def _decode(path: Path, payload: memoryview) -> "TraceStore":
+def _decode(path: Path, payload: bytes) -> "TraceStore":
     from .store import Group, TraceStore
 
     decoded = _decoder().decode(payload)
