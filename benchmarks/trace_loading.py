@@ -39,7 +39,16 @@ AIM_DECOMPRESSED_MB = 200.0
 _CHILD = r"""
 import gc, json, os, sys, time
 os.environ["ROLLOUT_BENCH_TRACE_CACHE"] = sys.argv[2]  # "off": a cold load; a folder: the cache it reads
+from bench.replay import cache as trace_cache
 from bench.replay.store import TraceStore
+
+hits = []
+_read = trace_cache.read
+def counted_read(*args):  # whether this load was the cache's (the row says so; timings alone cannot)
+    store = _read(*args)
+    hits.append(store is not None)
+    return store
+trace_cache.read = counted_read
 
 def status(field):
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(field))
@@ -51,7 +60,7 @@ store = TraceStore.load(sys.argv[1])
 wall, cpu = time.perf_counter() - clock, time.process_time() - cpu
 print(json.dumps({"wall_s": wall, "cpu_s": cpu, "rss_before_bytes": before, "peak_rss_bytes": status("VmHWM:"),
                   "rss_after_bytes": status("VmRSS:"), "trajectories": len(store.trajectories),
-                  "turns": sum(len(t.turns) for t in store.trajectories)}))
+                  "turns": sum(len(t.turns) for t in store.trajectories), "cache_hit": any(hits)}))
 """
 
 

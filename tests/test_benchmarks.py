@@ -49,8 +49,9 @@ def test_trace_loading_quick_reports_both_files_with_figures_from_the_measured_v
     gz, plain, gz_cached, plain_cached = result["rows"]
     assert [r["file"] for r in result["rows"]] == ["gz", "plain", "gz cached", "plain cached"]
     assert gz["file_bytes"] < plain["file_bytes"] == plain["decompressed_bytes"] == result["decompressed_bytes"]
-    # the cached rows read the entries a first load wrote: faster than the cold loads of the same files
-    assert gz_cached["wall_s"] < gz["wall_s"] and plain_cached["wall_s"] < plain["wall_s"]
+    # the cached rows read the entries a first load wrote, the cold ones never (said by each load, not by timings:
+    # 8 trajectories load in milliseconds either way, within a shared machine's noise)
+    assert [r["cache_hit"] for row in result["rows"] for r in row["rounds"]] == [False, False, True, True]
     for row in (gz, plain, gz_cached, plain_cached):
         assert row["trajectories"] == 8 and 8 < row["turns"] <= 8 * 5  # multi-turn, at most the planned turns
         rounds = row["rounds"]
