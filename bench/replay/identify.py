@@ -26,9 +26,14 @@ from .store import INT32, Group, RecordedTrajectory, TraceStore
 KEY_TOKENS = 32
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Identity:
-    """What a request was taken to be; `drift` names how it departs from the recording."""
+    """What a request was taken to be; `drift` names how it departs from the recording.
+
+    Made once per request: a slots class, not a frozen one (whose `__init__` sets every field through
+    `object.__setattr__`, about four times the cost). Hashed by value (a dict key in `upstream`); never changed
+    after it is made, though nothing enforces that any more.
+    """
 
     trajectory: str | None
     group: str | None
