@@ -152,12 +152,12 @@ class ServedTokens:
     def begin(self, record: RequestRecord, prompt: bytes, prompt_digest: bytes | None = None) -> ServedEntry:
         """Register an identified request (prompt as packed int32) and find the request it continues;
         `prompt_digest`: the prompt's digest, when known (its answer then knows the whole context's: `PackedAnswer`)."""
+        at = self._base + len(self.entries)  # `len(self)`, without the method call (once per request)
         if prompt_digest is None:
             hashed = context_hash(prompt)  # kept: `finish` adds the output, not the prompt again
-            entry = ServedEntry(len(self), record, len(prompt) // _INT32, context_digest=hashed.digest(),
-                                prompt_hash=hashed)
+            entry = ServedEntry(at, record, len(prompt) // _INT32, context_digest=hashed.digest(), prompt_hash=hashed)
         else:
-            entry = ServedEntry(len(self), record, len(prompt) // _INT32, context_digest=prompt_digest)
+            entry = ServedEntry(at, record, len(prompt) // _INT32, context_digest=prompt_digest)
         index = entry.root = entry.index
         trajectory = record.trajectory
         if trajectory is not None:
