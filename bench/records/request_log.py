@@ -85,9 +85,10 @@ class RequestLog:
             self.spill_dir.mkdir(parents=True, exist_ok=True)
 
     def append(self, record: RequestRecord) -> None:
-        record.seq = self.first_seq + len(self.records)
-        self.records.append(record)
-        if over_window(len(self.records), self.window):
+        records = self.records
+        record.seq = self.first_seq + len(records)
+        records.append(record)
+        if self.window is not None and over_window(len(records), self.window):  # no call without a window
             self._evict()
 
     def __len__(self) -> int:

@@ -152,25 +152,36 @@ class ServedTokens:
     def begin(self, record: RequestRecord, prompt: bytes, prompt_digest: bytes | None = None) -> ServedEntry:
         """Register an identified request (prompt as packed int32) and find the request it continues;
         `prompt_digest`: the prompt's digest, when known (its answer then knows the whole context's: `PackedAnswer`)."""
+        at = self._base + len(self.entries)  # `len(self)`, without the method call (once per request)
         if prompt_digest is None:
             hashed = context_hash(prompt)  # kept: `finish` adds the output, not the prompt again
-            entry = ServedEntry(len(self), record, len(prompt) // _INT32, context_digest=hashed.digest(),
-                                prompt_hash=hashed)
+            entry = ServedEntry(at, record, len(prompt) // _INT32, context_digest=hashed.digest(), prompt_hash=hashed)
         else:
-            entry = ServedEntry(len(self), record, len(prompt) // _INT32, context_digest=prompt_digest)
-        entry.root = entry.index
-        if record.trajectory is not None:
-            siblings = self._by_trajectory.setdefault(record.trajectory, [])
-            by_length = self._by_prompt_len.setdefault(record.trajectory, {})
-            shorter = self._shorter(by_length, entry.prompt_len)
+            entry = ServedEntry(at, record, len(prompt) // _INT32, context_digest=prompt_digest)
+        index = entry.root = entry.index
+        trajectory = record.trajectory
+        if trajectory is not None:
+            # `get` before making an empty list or dict: a benchmark repeats a trajectory's turn thousands of times
+            siblings = self._by_trajectory.get(trajectory)
+            if siblings is None:
+                siblings = self._by_trajectory[trajectory] = []
+            by_length = self._by_prompt_len.get(trajectory)
+            if by_length is None:
+                by_length = self._by_prompt_len[trajectory] = {}
+            size = entry.prompt_len
+            shorter = self._shorter(by_length, size) if by_length else None
             if shorter:  # else it continues nothing (a trajectory's first turn, and every retry of it)
                 entry.parent, entry.link = self._parent_of(shorter, prompt)
             if entry.parent is not None:
                 parent = self._at(entry.parent)
                 assert parent is not None  # found among the kept entries
                 entry.root, entry.family = parent.root, parent.family
-            siblings.append(entry.index)
-            by_length.setdefault(entry.prompt_len, []).append(entry.index)
+            siblings.append(index)
+            same = by_length.get(size)
+            if same is None:
+                by_length[size] = [index]
+            else:
+                same.append(index)
         if entry.parent is None and record.by_order and record.group is not None:
             entry.family = record.group
         self.entries.append(entry)
@@ -278,6 +289,8 @@ class ServedTokens:
     def _shorter(by_length: dict[int, list[int]], size: int) -> list[int]:
         """A trajectory's entries whose prompt is shorter than `size` tokens, in arrival order: the only ones
         `_parent_of` can pick (a context continued is the prompt plus served tokens, so its prompt is shorter)."""
+        if len(by_length) == 1 and size in by_length:  # the retries of one turn only (a frame-free check)
+            return []
         shorter = [index for length, indices in by_length.items() if length < size for index in indices]
         shorter.sort()
         return shorter

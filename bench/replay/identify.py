@@ -26,9 +26,14 @@ from .store import INT32, Group, RecordedTrajectory, TraceStore
 KEY_TOKENS = 32
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Identity:
-    """What a request was taken to be; `drift` names how it departs from the recording."""
+    """What a request was taken to be; `drift` names how it departs from the recording.
+
+    Made once per request: a slots class, not a frozen one (whose `__init__` sets every field through
+    `object.__setattr__`, about four times the cost). Hashed by value (a dict key in `upstream`); never changed
+    after it is made, though nothing enforces that any more.
+    """
 
     trajectory: str | None
     group: str | None
@@ -123,9 +128,10 @@ class Identifier:
 
     def _claim(self, trajectory: RecordedTrajectory, turn: int, drift: str | None, by_order: bool = False,
                resume: int = 0) -> Identity:
-        self._attempts[(trajectory.id, turn)] += 1
-        return Identity(trajectory.id, trajectory.group_id, turn, self._attempts[(trajectory.id, turn)], drift,
-                        by_order=by_order, resume=resume)
+        key = (trajectory.id, turn)
+        attempt = self._attempts[key] = self._attempts[key] + 1
+        # positional (digest None): keyword arguments cost more to match, once per request
+        return Identity(trajectory.id, trajectory.group_id, turn, attempt, drift, None, by_order, resume)
 
     def _claim_among(self, matches: list[tuple[RecordedTrajectory, int]], resume: int = 0) -> Identity:
         """Identical requests from several members: first unclaimed, then a failed one, then the least tried.

@@ -154,12 +154,11 @@ def played_at_once(ctx: ServerContext, record: RequestRecord, identity: Identity
     state = ctx.state
     if state.paused:
         return False
-    state.last_generation = time.monotonic()  # as `register`
     record.status, record.completion_tokens, record.finish = 200, len(answer.ids), finish
     record.latency_s = round(time.time() - arrived, 6)
     ctx.identifier.record_outcome(identity, succeeded=finish in ("stop", "length"))
     state.inflight.pop(rid, None)  # `register` then `release`: an entry of the same rid is gone too
-    state.last_generation = time.monotonic()
+    state.last_generation = time.monotonic()  # as `register` and `release` (nothing runs between them to read it)
     ctx.served.finish_packed(record, prompt_ids, answer, state.weight_version)
     return True
 
