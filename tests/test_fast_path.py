@@ -219,7 +219,9 @@ def test_a_trajectorys_prompts_parse_from_the_cache_as_from_their_whole_bodies(l
         body([5, 6, 7, 8, 9, 10, 999]).replace(b"999]", b'999, "a]"]'),  # a string holding the bracket
         body([5, 6, 7, 8, 9, 10, 999]).replace(b"999]", b"999 , 3 ]"),  # spaces where JSON allows them
         body([5, 6, 7, 8, 9, 10, 999], stream=True),
-        body([5, 6, 7, 8, 9, 10, 999], input_ids=[1]),  # a second input_ids key: the last one counts
+        # a second input_ids key (by hand: a dict holds one): the last one counts, an empty one too
+        body([5, 6, 7, 8, 9, 10, 999])[:-1] + b',"input_ids":[1]}',
+        body([5, 6, 7, 8, 9, 10, 999])[:-1] + b',"input_ids":[]}',
         body([5, 6, 7, 8, 9, 10, 999])[:-1],  # cut short
         body([5, 6, 7, 8, 9, 10, 999], unknown=1),  # a key SGLang's schema does not take
         body([5, 6, 7, 8, 9, 10, 999], rid=["x]"]),
@@ -235,8 +237,10 @@ def test_a_trajectorys_prompts_parse_from_the_cache_as_from_their_whole_bodies(l
         whole = native_fast.accept(raw, "t1", profile, native_fast.SamplingCache(), vocab)
         assert _fields(cached) == _fields(whole), raw
     assert [_fields(native_fast.accept(raw, "t1", profile, native_fast.SamplingCache(), vocab)) is None
-            for raw in sent] == [False] * 5 + [True] * 5 + [False, True, False] + [True] * 4 + [False] * 4
-    assert prompts.hits == 5  # the retry, three extensions, and the streamed repeat took their ids from the cache
+            for raw in sent] == [False] * 5 + [True] * 5 + [False, True, False, True] + [True] * 4 + [False] * 4
+    # the retry, three extensions, the streamed repeat, and [..., 999, 3, 4] (the bodies between it and [..., 999] were
+    # all refused or decoded whole, which leaves the cache as it was) took their ids from the cache
+    assert prompts.hits == 6
 
 
 def test_the_prompt_cache_stays_within_its_budget() -> None:

@@ -79,6 +79,9 @@ _OPENINGS = (b'{"input_ids": [', b'{"input_ids":[')  # Python's `json.dumps` (ai
 _COMMA = ord(",")
 
 
+_INPUT_IDS_KEY = b'"input_ids"'
+
+
 class PromptCache:
     """The latest `input_ids` each trajectory sent (named by its `X-Bench-Trajectory` header), as the array's bytes,
     its ids and their packing: a multi-turn rollout sends its whole context every turn (1,640 ids on average in
@@ -111,6 +114,8 @@ class PromptCache:
         if close < 0:
             return None
         text = raw[start:close]
+        if _INPUT_IDS_KEY in raw[close:]:  # a second `input_ids` key (the last counts, even empty): decode it whole
+            return None
         decode_body, decode_ids = _decoders_for(vocab_size)
         ids: list[int] | None = None
         packed, reused = b"", True
@@ -132,7 +137,7 @@ class PromptCache:
             body = decode_body(opening + b"]" + raw[close + 1:])
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
-        if body.input_ids or not ids:  # a second `input_ids` key, or none sent: the whole body's decoder decides
+        if body.input_ids or not ids:  # a second `input_ids` key written otherwise, or none sent: decode it whole
             return None
         self.hits += reused
         if last is not None:
