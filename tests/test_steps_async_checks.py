@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from bench.records.request_log import RequestRecord
 from bench.steps.board import ADAPTER, StepBoard, StepState
-from bench.steps.checks import late_requests, weights_not_served
+from bench.records.sample import SampleRecord
+from bench.steps.checks import lag_bound, late_requests, weights_not_served
+from bench.steps.table import step_rows
 
 
 def _board(*states: StepState) -> StepBoard:
@@ -44,3 +46,43 @@ def test_an_update_naming_no_version_counts_as_the_sync_only_when_the_server_app
     assert [v.evidence["step"] for v in weights_not_served(board, [])] == [2]
     steps[1].applied_updates[0]["at"] = steps[1].began + 1  # applied only once the step's rollout had begun
     assert [v.evidence["step"] for v in weights_not_served(board, [])] == [1, 2]
+
+
+class _Server:
+    """The part of the server's context the lag check reads: its weight-version history."""
+
+    def __init__(self, *changes: tuple[float, str]) -> None:
+        from bench.server.state import ServerState
+
+        self.state = ServerState("0")
+        self.state.version_history.clear()
+        self.state.version_history.extend(changes)
+
+
+def _trained(version: str, handed_over_at: float | None, trajectory: str = "t1") -> SampleRecord:
+    return SampleRecord(trajectory, "g", "completed", weight_versions=[version], step=1,
+                        handed_over_at=handed_over_at, details={"training_step": 6})
+
+
+def test_a_sample_is_judged_against_the_weights_it_was_trained_against_inside_a_step() -> None:
+    """One bench step holding several training steps (open-instruct): the trainer published v3 before the step and
+    synced v4, v5, v6 during it; a sample served v3 and handed over once v6 was on the server lags 3, not 0."""
+    steps = _steps()
+    board = _board(*steps)
+    board.context = _Server((0.0, "0"), (10.0, "3"), (12.0, "4"), (14.0, "5"), (16.0, "6"))
+    steps[1].trainer_version = "3"
+    late = lag_bound(board, [_trained("3", 17.0)], {"t1": 1}, bound=1)
+    assert [(v.invariant, v.evidence["max_lag"], v.evidence["samples"][0]["trained_against"]) for v in late] == [
+        ("step_lag", 3, 6)]
+    assert lag_bound(board, [_trained("3", 12.5)], {"t1": 1}, bound=1) == []  # handed over under v4: lag 1
+    assert step_rows(board, [_trained("3", 17.0)], [], {"t1": 1})[1]["max_lag"] == 3
+
+
+def test_a_sync_naming_no_version_leaves_the_step_trainer_s_version_to_judge_by() -> None:
+    """AReaL, verl: the server's label never moves (v0 throughout); the step's trainer version (v2) stands."""
+    steps = _steps()
+    board = _board(*steps)
+    board.context = _Server((0.0, "0"))
+    late = lag_bound(board, [_trained("0", 25.0, "t2")], {"t2": 2}, bound=1)
+    assert [(v.evidence["max_lag"], v.evidence["samples"][0]["trained_against"]) for v in late] == [(2, 2)]
+    assert lag_bound(board, [_trained("1", 25.0, "t2")], {"t2": 2}, bound=1) == []

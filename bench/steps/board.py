@@ -152,6 +152,11 @@ class StepBoard:
             self.states[-1].applied_updates.append({"endpoint": endpoint, "weight_version": version,
                                                     "at": time.time()})
 
+    def version_at(self, moment: float) -> str | None:
+        """The server's weight version at unix time `moment` (None: no server state to ask, as in a unit test)."""
+        state = getattr(self.context, "state", None)
+        return None if state is None else state.version_at(moment)
+
     def ran(self) -> int:
         """How many steps started."""
         return len(self.states)

@@ -210,33 +210,56 @@ def _unlabelled_update(state: StepState) -> bool:
 _TRAINED = ("completed", "truncated")
 
 
+def trained_against(board: StepBoard, state: StepState, record: SampleRecord) -> int | None:
+    """The weight version a record was trained against: the later of the version the step's trainer published
+    (`trainer_weights`, held before the step's rollout began) and the one the server held when the record was
+    handed over. A trainer that trains several times in one step (open-instruct: one bench step is several of its
+    training steps) syncs after each, moving the server's label under the step; a sync that names no version
+    (AReaL's, verl's) leaves the label behind and the trainer's version stands. None: neither is a number."""
+    versions = [state.trainer_weights]
+    if record.handed_over_at is not None:
+        versions.append(board.version_at(record.handed_over_at) or "")
+    numbers = [int(v) for v in versions if v.isdigit()]
+    return max(numbers) if numbers else None
+
+
+def sample_lag(board: StepBoard, state: StepState, record: SampleRecord) -> int | None:
+    """Versions between what a trained-on record (completed or truncated) was trained against and the oldest
+    version it says it was served (0: on policy); None when it was not trained on or no version is a number."""
+    versions = [int(v) for v in record.weight_versions if v.isdigit()]
+    against = trained_against(board, state, record)
+    if record.outcome not in _TRAINED or not versions or against is None:
+        return None
+    return against - min(versions)
+
+
 def lag_bound(board: StepBoard, records: list[SampleRecord], consumed: dict[str, int], bound: int) -> list[Violation]:
-    """`step_lag`: a trained-on sample whose oldest served weight version lags the weights of the step that
-    trained on it (the step running when the rollout handed it over) by more than `bound` versions. An async
-    rollout hands over samples generated under earlier steps' weights; how old it may hand them is the
-    framework's configured bound (`max_weight_lag`, declared by the adapter, or `--max-weight-lag`)."""
+    """`step_lag`: a trained-on sample whose oldest served weight version lags the weights it was trained against
+    (`trained_against`: those of the step that trained on it, the step running when the rollout handed it over,
+    or the server's then if the trainer synced since) by more than `bound` versions. An async rollout hands over
+    samples generated under earlier weights; how old it may hand them is the framework's configured bound
+    (`max_weight_lag`, declared by the adapter, or `--max-weight-lag`)."""
     by_step = {s.step: s for s in board.states}
     late: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         step = consumed.get(record.trajectory)
         state = by_step.get(step) if step is not None else None
-        versions = [int(v) for v in record.weight_versions if v.isdigit()]
-        if record.outcome not in _TRAINED or state is None or not versions or not state.trainer_weights.isdigit():
-            continue
-        lag = int(state.trainer_weights) - min(versions)
-        if lag > bound:
+        lag = None if state is None else sample_lag(board, state, record)
+        if state is not None and lag is not None and lag > bound:
             late.setdefault(state.step, []).append({
                 "trajectory": record.trajectory, "generated_in_step": record.step, "trained_in_step": state.step,
-                "weight_versions": record.weight_versions, "step_weights": state.trainer_weights, "lag": lag})
+                "weight_versions": record.weight_versions, "step_weights": state.trainer_weights,
+                "trained_against": trained_against(board, state, record), "lag": lag})
     out = []
     for step, samples in sorted(late.items()):
         worst = max(samples, key=lambda s: s["lag"])
         out.append(Violation(
             "step_lag", worst["trajectory"],
             f"step {step} trained on {len(samples)} samples more than {bound} version{'s' if bound != 1 else ''} "
-            f"behind its weights "
-            f"(v{by_step[step].trainer_weights}); the oldest was served v{min(worst['weight_versions'], key=int)} "
-            f"in step {worst['generated_in_step']} (lag {worst['lag']})",
+            f"behind the weights they were trained against "
+            f"(v{by_step[step].trainer_weights} at the step's start); the oldest was served "
+            f"v{min(worst['weight_versions'], key=lambda v: int(v) if v.isdigit() else -1)} in step "
+            f"{worst['generated_in_step']} and trained against v{worst['trained_against']} (lag {worst['lag']})",
             {"check": "lag", "step": step, "first_step": step, "bound": bound, "count": len(samples),
              "max_lag": worst["lag"], "samples": sorted(samples, key=lambda s: -s["lag"])[:_LISTED]},
             occurrences=len(samples)))

@@ -67,8 +67,10 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
 
     def handed_over(record: SampleRecord) -> None:
         """A record carries the step running when the rollout handed it to the trainer (the step that trains on
-        it); the bench keeps that for the lag check and then stamps the record with its trajectory's step."""
+        it) and the moment it did (the weights then: one step may train several times, syncing after each); the
+        bench keeps both for the lag check and then stamps the record with its trajectory's step."""
         record.step = running[0]
+        record.handed_over_at = time.time()
         emit(record)
 
     for step in range(job.steps):
