@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from bench.records.request_log import RequestRecord
 from bench.steps.board import ADAPTER, StepBoard, StepState
-from bench.records.sample import SampleRecord
-from bench.steps.checks import lag_bound, late_requests, weights_not_served
+from bench.records.sample import ErrorInfo, SampleRecord
+from bench.steps.checks import carryover, lag_bound, late_requests, weights_not_served
+from faults import FaultEvent
 from bench.steps.table import step_rows
 
 
@@ -86,3 +87,34 @@ def test_a_sync_naming_no_version_leaves_the_step_trainer_s_version_to_judge_by(
     late = lag_bound(board, [_trained("0", 25.0, "t2")], {"t2": 2}, bound=1)
     assert [(v.evidence["max_lag"], v.evidence["samples"][0]["trained_against"]) for v in late] == [(2, 2)]
     assert lag_bound(board, [_trained("1", 25.0, "t2")], {"t2": 2}, bound=1) == []
+
+
+def _poison(trajectory: str, at: float) -> FaultEvent:
+    return FaultEvent("poison", "malformed_json", trajectory, "g", 0, 1, "/generate", "r1", at, "garbled",
+                      reach="consumed")
+
+
+def test_a_fresh_fault_on_a_trajectory_generated_ahead_explains_its_step_s_failure() -> None:
+    """Step 1 timed out naming no trajectory; step 2 failed on t_b, a slice-1 trajectory the rollout generated
+    ahead into step 2, after a poison that fired on it during step 2: that fault explains it, wherever t_b's
+    slice is."""
+    steps = _steps()
+    steps[1].error = ErrorInfo("TimeoutError", "timed out", "")
+    steps[2].error = ErrorInfo("ValueError", "unparsable reply", "", "t_b")
+    board = _board(*steps)
+    board.step_of.update(t_b=1)
+    assert carryover(board.states, [_poison("t_b", 25.0)]) == []
+    found = carryover(board.states, [_poison("t_b", 15.0)])  # fired in step 1: nothing fired on t_b in step 2
+    assert [(v.evidence["step"], v.evidence["repeats_step"]) for v in found] == [(2, None)]
+
+
+def test_an_earlier_step_s_error_raised_again_is_carried_over_despite_its_fault() -> None:
+    """A dead gather thread (open-instruct) re-raises step 1's exception, on step 1's trajectory, in step 2; a fault
+    firing on that trajectory again in step 2 does not explain a repeat of step 1's error."""
+    steps = _steps()
+    steps[1].error = ErrorInfo("InjectedFault", "raise_after_generate", "", "t1")
+    steps[2].error = ErrorInfo("InjectedFault", "raise_after_generate", "", "t1")
+    found = carryover(_board(*steps).states, [_poison("t1", 15.0), _poison("t1", 25.0)])
+    assert [(v.evidence["step"], v.evidence["after_step"], v.evidence["repeats_step"]) for v in found] == [(2, 1, 1)]
+    steps[2].error = ErrorInfo("InjectedFault", "raise_after_generate (again)", "", "t1")  # a new error: explained
+    assert carryover(_board(*steps).states, [_poison("t1", 15.0), _poison("t1", 25.0)]) == []

@@ -12,9 +12,9 @@
   request sent just before the rollout raised can reach the server after it. A trajectory's step here is the one
   that trained on it (handed over in it) when it was handed over: an asynchronous rollout (AReaL's
   `prepare_batch`) generates a trajectory on through later steps until a step takes it, by design.
-- `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault
-  reached (or naming none), or on a trajectory of an earlier step (an earlier step's error raised again, such as a
-  dead worker thread's, which a health check re-raises each step): what the earlier failure left behind (a dirtied
+- `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault that
+  fired during the step reached (or naming none), or with an earlier failed step's very error (its type, message and
+  trajectory: a dead worker thread's, which a health check re-raises each step): what the earlier failure left behind (a dirtied
   singleton, a half-closed client, a dead thread) is the first suspect. The evidence has both errors and what the process held after each.
 - `step_weights`: a step whose weights the adapter's trainer side published (`update_weights`) but the server did
   not serve: the version the server held when the step's rollout began is not the one the trainer says it
@@ -33,7 +33,7 @@ from typing import Any
 from bench.invariants.base import Violation
 from bench.invariants.root_cause import root_cause
 from bench.records.request_log import RequestRecord
-from bench.records.sample import SampleRecord
+from bench.records.sample import ErrorInfo, SampleRecord
 from faults import FaultEvent
 
 from .board import ADAPTER, StepBoard, StepState
@@ -51,7 +51,7 @@ def check_steps(board: StepBoard, requests: list[RequestRecord], fault_events: l
                 consumed: dict[str, int] | None = None) -> list[Violation]:
     """`consumed`: the step each trajectory was handed over in (default: its own step)."""
     return [*resource_growth(board.states), *late_requests(board, requests, consumed),
-            *carryover(board.states, fault_events, board.step_of), *weights_not_served(board, requests)]
+            *carryover(board.states, fault_events), *weights_not_served(board, requests)]
 
 
 def _measured(states: list[StepState], key: str) -> list[tuple[int, Any]]:
@@ -139,9 +139,11 @@ def late_requests(board: StepBoard, requests: list[RequestRecord],
     return out
 
 
-def carryover(states: list[StepState], fault_events: list[FaultEvent],
-              step_of: dict[str, int] | None = None) -> list[Violation]:
-    """A failed step after an earlier failed step, with no injected fault on its own trajectories to explain it."""
+def carryover(states: list[StepState], fault_events: list[FaultEvent]) -> list[Violation]:
+    """A failed step after an earlier failed step that its own faults do not explain: it repeats an earlier failed
+    step's error (same type, message and trajectory: a dead thread's exception raised again), or no injected fault
+    that fired during the step reached the trajectory that raised. A fault's time, not the trajectory's slice,
+    says which step it belongs to: a rollout that generates ahead runs a slice-k trajectory in step k+1."""
     failed = [s for s in states if s.error is not None]
     if len(failed) < 2:
         return []
@@ -149,21 +151,29 @@ def carryover(states: list[StepState], fault_events: list[FaultEvent],
     out = []
     for state in failed[1:]:
         assert state.error is not None and first.error is not None
-        cause = root_cause(state.error, fault_events)
-        earlier = (step_of or {}).get(state.error.trajectory or "", state.step) < state.step
-        if cause.fault is not None and not earlier:
+        repeated = next((s for s in failed if s.step < state.step and _same_error(s.error, state.error)), None)
+        end = state.returned if state.returned is not None else float("inf")
+        cause = root_cause(state.error, [e for e in fault_events if state.started <= e.time <= end])
+        if cause.fault is not None and repeated is None:
             continue  # an injected fault reached the code that raised, in this step: that explains it
         out.append(Violation(
             "step_carryover", state.error.trajectory,
             f"step {state.step} failed after step {first.step} had failed ({first.error.type}): "
-            f"{cause.explain()[:500]}",
+            + (f"step {repeated.step}'s error raised again: " if repeated is not None else "")
+            + cause.explain()[:500],
             {"check": "carried_over", "step": state.step, "after_step": first.step, "first_step": state.step,
+             "repeats_step": None if repeated is None else repeated.step,
              "error": {"type": state.error.type, "message": state.error.message, "trajectory": state.error.trajectory,
                        "traceback": state.error.last_frames(12)},
              "first_error": {"type": first.error.type, "message": first.error.message,
                              "trajectory": first.error.trajectory, "traceback": first.error.last_frames(12)},
              "held_after": {str(s.step): _counts(s) for s in states if first.step <= s.step <= state.step}}))
     return out
+
+
+def _same_error(earlier: ErrorInfo | None, later: ErrorInfo) -> bool:
+    return earlier is not None and (earlier.type, earlier.message, earlier.trajectory) == (
+        later.type, later.message, later.trajectory)
 
 
 def _counts(state: StepState) -> dict[str, Any] | None:
