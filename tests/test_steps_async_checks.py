@@ -40,6 +40,10 @@ def test_an_update_naming_no_version_counts_as_the_sync_only_when_the_server_app
     for state in steps[1:]:
         state.applied_updates.append({"endpoint": "/update_weights_from_distributed", "weight_version": None,
                                       "at": state.began - 1})
+    # an adapter whose syncs name their version (slime, miles): one that names none is the regression
+    assert [v.evidence["step"] for v in weights_not_served(board, [])] == [1, 2]
+    for state in steps:
+        state.versionless_sync = True  # the adapter declares versionless syncs (AReaL, verl)
     assert weights_not_served(board, []) == []
     steps[2].applied_updates.clear()  # held: answered, not applied (`StepBoard.hold` records it elsewhere)
     steps[2].ignored_updates.append({"endpoint": "/update_weights_from_distributed", "weight_version": None,

@@ -50,6 +50,7 @@ class StepState:
     trainer_version: str | None = None  # the version the adapter's trainer says it published for the step
     ignored_updates: list[dict[str, Any]] = field(default_factory=list)  # weight updates a `hold_weights` rule kept out
     applied_updates: list[dict[str, Any]] = field(default_factory=list)  # weight updates the server applied
+    versionless_sync: bool = False  # the adapter declares its framework's syncs name no version (`loop.run_steps`)
 
     @property
     def ended(self) -> bool:
@@ -130,6 +131,7 @@ class StepBoard:
         if isinstance(weights, dict) and weights.get("by") == ADAPTER:
             version = weights.get("version")
             current.published_by, current.trainer_version = ADAPTER, None if version is None else str(version)
+            current.versionless_sync = bool(weights.get("versionless"))
             current.weight_version = self.context.state.version_at(current.began)  # after the adapter's update
         if report.get("last") or step + 1 >= self.steps:
             return {"next": None}

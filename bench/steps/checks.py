@@ -23,7 +23,8 @@
   server between the previous step's return and the step's start. An update the server applied before the step
   began that named no version is the sync having taken effect: SGLang moves its version label only when an update
   names one (`tokenizer_communicator_mixin.py`, `_update_weight_version_if_provided`), and AReaL's never do
-  (`sglang_remote.py`, `build_distributed_weight_update_requests`): its label stays where it was.
+  (`sglang_remote.py`, `build_distributed_weight_update_requests`): its label stays where it was. Only an adapter
+  that declares such syncs (`versionless_weight_sync`) is judged so; for the others such an update is a miss.
 """
 
 from __future__ import annotations
@@ -212,9 +213,11 @@ def weights_not_served(board: StepBoard, requests: list[RequestRecord]) -> list[
 
 
 def _unlabelled_update(state: StepState) -> bool:
-    """Did the server apply, before the step began, a weight update naming no version (the label could not move)?"""
+    """Did the server apply, before the step began, a weight update naming no version (the label could not move),
+    for an adapter that declares its framework's syncs never name one (`versionless_weight_sync`: AReaL, verl)?
+    Elsewhere (slime, miles) an update that drops its version is the regression the check is for."""
     assert state.began is not None
-    return any(u["weight_version"] is None and u["at"] <= state.began for u in state.applied_updates)
+    return state.versionless_sync and any(u["weight_version"] is None and u["at"] <= state.began for u in state.applied_updates)
 
 
 _TRAINED = ("completed", "truncated")

@@ -10,7 +10,9 @@ run under `on_step_failure = "stop"`; under `"continue"` the next step runs, in 
 An adapter that drives its framework's trainer side has `async update_weights(job)`: it is awaited before every
 step (step 0 too: a trainer pushes its weights before the first rollout), makes the admin calls the framework's
 trainer makes (pause, flush, update, continue) and returns the weight version its trainer published. The report
-then says the adapter published (`weights`), and the bench leaves the server's version to those calls.
+then says the adapter published (`weights`), and the bench leaves the server's version to those calls. An adapter
+whose framework's sync names no version to the server (AReaL's, verl's: the server's label cannot move) says so
+with a class attribute `versionless_weight_sync = True`, reported with each step (`checks.weights_not_served`).
 """
 
 from __future__ import annotations
@@ -103,7 +105,9 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
             "step": step, "started": started, "returned": returned, "last": last,
             "error": None if error is None else {"type": error.type, "message": error.message,
                                                  "traceback": error.traceback, "trajectory": error.trajectory},
-            "weights": None if publish is None else {"by": "adapter", "version": trainer_version},
+            "weights": None if publish is None else {
+                "by": "adapter", "version": trainer_version,
+                "versionless": bool(getattr(target, "versionless_weight_sync", False))},
             "resources": snapshot(own) if measure else None})
         if last or answer.get("next") is None:  # the bench stopped the run (it gave up waiting): no next step
             return

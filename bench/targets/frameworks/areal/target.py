@@ -61,6 +61,7 @@ def workflow_of(job: RolloutJob) -> str:
 
 
 class ArealTarget:
+    versionless_weight_sync = True  # its updates name no version: SGLang's label stays (`weights`)
     variants = VARIANTS
     fail_fast = False  # AReaL drops a failed episode (None) and goes on
 
