@@ -71,6 +71,7 @@ class ArealTarget:
         self.name = f"areal:{variant}"
         self.session: Any = None  # a run of many steps: AReaL's engine from step 0 to the last (`session.Session`)
         self.offpolicyness: int | None = None
+        self.start_error: str | None = None  # why step 0's engine did not start (a later step names it)
 
     def warm_up(self, options: dict[str, Any]) -> None:
         """torch, transformers and AReaL's engine (seconds); no thread or pool starts before the job."""
@@ -102,17 +103,26 @@ class ArealTarget:
         return await asyncio.to_thread(self._sync, job)
 
     def _sync(self, job: RolloutJob) -> str:
-        from .session import Session
+        if job.step == 0:
+            from .session import Session
 
-        if job.step == 0 or self.session is None:
             self._stop()
-            session = Session(job, _offpolicyness(job.options) or 0)
+            self.start_error = None
+            session = None
             try:
+                session = Session(job, _offpolicyness(job.options) or 0)
                 session.start()
-            except BaseException:
-                session.stop()
+            except BaseException as raised:
+                if session is not None:
+                    session.stop()
+                self.start_error = f"{type(raised).__name__}: {str(raised)[:300]}"
                 raise
             self.session = session
+        elif self.session is None:  # `--on-step-failure continue` after step 0's start failed: nothing to sync
+            raise RuntimeError(
+                f"areal step {job.step}: no engine to sync: AReaL's trainer makes its engine once, before step 0, "
+                f"and step 0's weight sync failed ({self.start_error or 'the engine had stopped'}); "
+                "a later step does not remake it from its own slice")
         return self.session.sync(job.step)
 
     def _step(self, job: RolloutJob) -> list[SampleRecord]:
