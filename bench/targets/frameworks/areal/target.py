@@ -30,8 +30,8 @@ generated a token, so a sample's `weight_versions` are the counter's values on i
 Many steps (`run --steps K`, `session`): the engine and its executor live from step 0 to the last; each step is
 AReaL's `prepare_batch`, and `update_weights(job)` is AReaL's trainer's weight sync (`weights`). Option
 `max_head_offpolicyness` (AReaL's `rollout.max_head_offpolicyness`; its default 0 is synchronous, its GSM8K GRPO
-example's 2): how far generation may run ahead of training; the adapter declares it as its `max_weight_lag` when
-given. A one-step run is one `submit` per trajectory and one `wait`, as before (the bound unlimited).
+example's 2): how far generation may run ahead of training; the adapter declares it as its `max_weight_lag` (0 when not
+given: a sample one version behind is then a finding, the bench's default bound 1 narrowed). A one-step run is one `submit` per trajectory and one `wait`, as before (the bound unlimited).
 """
 
 from __future__ import annotations
@@ -83,11 +83,10 @@ class ArealTarget:
         self.offpolicyness = _offpolicyness(options)
 
     def framework_info(self) -> dict[str, str]:
-        """The installed AReaL, and the staleness it is configured to accept when the run configures it:
-        `max_head_offpolicyness` versions (AReaL's bound on how far generation runs ahead of training)."""
-        info = {"framework": DISTRIBUTION, "version": importlib.metadata.version(DISTRIBUTION)}
-        offpolicyness = getattr(self, "offpolicyness", None)
-        return info if offpolicyness is None else info | {"max_weight_lag": str(offpolicyness)}
+        """The installed AReaL, and the staleness it is configured to accept: `max_head_offpolicyness` versions
+        (AReaL's bound on how far generation runs ahead of training), 0 (its default: synchronous) when not set."""
+        return {"framework": DISTRIBUTION, "version": importlib.metadata.version(DISTRIBUTION),
+                "max_weight_lag": str(getattr(self, "offpolicyness", None) or 0)}
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         if job.steps > 1:
