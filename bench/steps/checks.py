@@ -14,8 +14,9 @@
   `prepare_batch`) generates a trajectory on through later steps until a step takes it, by design.
 - `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault that
   fired during the step reached (or naming none), or with an earlier failed step's very error (its type, message and
-  trajectory: a dead worker thread's, which a health check re-raises each step): what the earlier failure left behind (a dirtied
-  singleton, a half-closed client, a dead thread) is the first suspect. The evidence has both errors and what the process held after each.
+  trajectory: a dead worker thread's, which a health check re-raises each step): what the earlier failure left
+  behind (a dirtied singleton, a half-closed client, a dead thread) is the first suspect. The evidence has both
+  errors and what the process held after each.
 - `step_weights`: a step whose weights the adapter's trainer side published (`update_weights`) but the server did
   not serve: the version the server held when the step's rollout began is not the one the trainer says it
   published (an update never sent, refused, or kept out by a `hold_weights` rule). The evidence has both versions,
@@ -217,7 +218,8 @@ def _unlabelled_update(state: StepState) -> bool:
     for an adapter that declares its framework's syncs never name one (`versionless_weight_sync`: AReaL, verl)?
     Elsewhere (slime, miles) an update that drops its version is the regression the check is for."""
     assert state.began is not None
-    return state.versionless_sync and any(u["weight_version"] is None and u["at"] <= state.began for u in state.applied_updates)
+    return state.versionless_sync and any(u["weight_version"] is None and u["at"] <= state.began
+                                          for u in state.applied_updates)
 
 
 _TRAINED = ("completed", "truncated")

@@ -72,7 +72,8 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
         it) and the moment it did (the weights then: one step may train several times, syncing after each); the
         bench keeps both for the lag check and then stamps the record with its trajectory's step."""
         record.step = running[0]
-        record.handed_over_at = time.time()
+        if record.handed_over_at is None:  # an adapter handing over from a thread stamps it there (`stamped`)
+            record.handed_over_at = time.time()
         emit(record)
 
     for step in range(job.steps):
@@ -111,6 +112,14 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
             "resources": snapshot(own) if measure else None})
         if last or answer.get("next") is None:  # the bench stopped the run (it gave up waiting): no next step
             return
+
+
+def stamped(record: SampleRecord) -> SampleRecord:
+    """`record` with the moment it was handed over: for an adapter whose trainer runs in a thread and passes records
+    to the event loop (`call_soon_threadsafe`), so a weight sync the thread makes right after is not taken as the
+    weights the record was trained against (the loop may run the emit after it)."""
+    record.handed_over_at = time.time()
+    return record
 
 
 async def published(target: Any, update_weights: Callable[[RolloutJob], Any], job: RolloutJob) -> str | None:

@@ -15,8 +15,9 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
               consumed: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """One row per step that started: samples and outcomes, drop rate, throughput, requests (late ones apart),
     the weight version the step began with and who published it (the bench, or the adapter's trainer side with
-    the version its trainer published), the lag of what the step trained on (`checks.sample_lag`; `consumed`: the step each record was handed
-    over in; default its trajectory's step), and the worker's resources after the step."""
+    the version its trainer published), the lag of what the step trained on (`checks.sample_lag`; `consumed`: the
+    step each record was handed over in; default its trajectory's step), and the worker's resources after the
+    step."""
     consumed = consumed or {}
     rows = []
     following = {earlier.step: later.started for earlier, later in zip(board.states, board.states[1:])}

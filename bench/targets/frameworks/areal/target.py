@@ -31,7 +31,8 @@ Many steps (`run --steps K`, `session`): the engine and its executor live from s
 AReaL's `prepare_batch`, and `update_weights(job)` is AReaL's trainer's weight sync (`weights`). Option
 `max_head_offpolicyness` (AReaL's `rollout.max_head_offpolicyness`; its default 0 is synchronous, its GSM8K GRPO
 example's 2): how far generation may run ahead of training; the adapter declares it as its `max_weight_lag` (0 when not
-given: a sample one version behind is then a finding, the bench's default bound 1 narrowed). A one-step run is one `submit` per trajectory and one `wait`, as before (the bound unlimited).
+given: a sample one version behind is then a finding, the bench's default bound 1 narrowed). A one-step run is one
+`submit` per trajectory and one `wait`, as before (every version 0).
 """
 
 from __future__ import annotations
