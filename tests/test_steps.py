@@ -197,6 +197,16 @@ def test_an_adapter_publishing_its_own_weights_drives_the_version_and_a_forgotte
     assert unfixed.steps["first_violation"]["step"] == 2  # type: ignore[index]
 
 
+def test_a_sync_that_drops_its_version_is_caught_for_a_trainer_whose_syncs_name_one() -> None:
+    """ref-step-weights (slime-like: every sync names its version) with step 2's update sent naming none: the
+    server takes it and keeps v1. Only an adapter declaring versionless syncs (AReaL, verl) is excused that."""
+    unfixed = _run("ref-step-weights:unfixed", target_options={"drop_version": 2})
+    assert _names(unfixed) == ["step_weights"], [v.message for v in unfixed.violations]
+    evidence = unfixed.violations[0].evidence
+    assert (evidence["step"], evidence["trainer_version"], evidence["server_version"]) == (2, "2", "1")
+    assert "/update_weights_from_tensor" in [c["endpoint"] for c in evidence["admin_requests"]]  # sent, unnamed
+
+
 def test_a_held_step_keeps_the_adapters_update_out() -> None:
     """Under `hold_weights` the update routes answer as usual and change nothing during the rule's steps: the
     trainer moves on, the server keeps v1, and what steps 2 and 3 train on lags behind the trainer's weights."""

@@ -48,7 +48,8 @@ def _admin_calls(result: RunResult) -> list[str]:
 def test_four_clean_steps_run_on_one_engine_with_the_trainers_syncs() -> None:
     result = _run(4)
     assert result.violations == [], [v.message for v in result.violations]
-    assert result.framework == {"framework": "areal", "version": "1.0.4"}  # AReaL's default bound: nothing declared
+    assert result.framework == {"framework": "areal", "version": "1.0.4", "max_weight_lag": "0"}  # AReaL's default
+    assert result.config.bounds.max_weight_lag == 0  # synchronous: the bench's default bound 1 narrowed
     rows = result.steps["rows"]  # type: ignore[index]
     assert [row["error"] for row in rows] == [None] * 4
     assert [row["n_completed"] + row["n_truncated"] for row in rows] == [8] * 4

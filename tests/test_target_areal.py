@@ -28,7 +28,7 @@ def test_areal_trains_on_exactly_what_it_was_served_and_the_report_names_its_ver
     assert result.violations == [], [v.message for v in result.violations]
     assert {r.outcome for r in result.records} <= {"completed", "truncated"} and len(result.records) == 16
     assert set(result.provenance.values()) == {"match (tokens+logprobs)"}
-    assert result.framework == {"framework": "areal", "version": "1.0.4"}
+    assert result.framework == {"framework": "areal", "version": "1.0.4", "max_weight_lag": "0"}
     assert all(r.response_ids and len(r.logprobs or []) == r.response_length for r in result.records)
 
 

@@ -449,10 +449,15 @@ RUN_REPLY_CACHE_BYTES = 2**20  # a run's saved replies (`native_fast.ReplyCache`
 def declared_bounds(bounds: Bounds, framework: dict[str, str] | None) -> Bounds:
     """The run's bounds, widened to the staleness a framework declares it accepts by configuration
     (`max_weight_lag` in its `framework_info()`, e.g. open-instruct's `async_steps`): training on what the
-    framework was configured to allow is not a finding. A stricter declaration never narrows the run's bound."""
+    framework was configured to allow is not a finding. A stricter declaration narrows only the bench's default
+    bound (AReaL's synchronous default, 0: a sample one version behind is its bug), never a wider one the run was
+    given (an explicit bound equal to the default counts as the default)."""
     declared = (framework or {}).get("max_weight_lag", "")
-    if declared.isdigit() and int(declared) > bounds.max_weight_lag:
-        return replace(bounds, max_weight_lag=int(declared))
+    if not declared.isdigit():
+        return bounds
+    wanted, default = int(declared), Bounds().max_weight_lag
+    if wanted > bounds.max_weight_lag or (wanted < default and bounds.max_weight_lag == default):
+        return replace(bounds, max_weight_lag=wanted)
     return bounds
 
 

@@ -67,6 +67,9 @@ class SampleRecord:
     attempt: int | None = None  # which attempt at the trajectory this result is (1: the first); None: not said
     request_ids: list[str] = field(default_factory=list)  # its final attempt's requests, as the server named them
     step: int = 0  # the training step whose rollout produced it (`run --steps K`: 0 to K-1; the bench sets it)
+    # unix time the rollout handed it to the trainer (`run --steps K`: the worker sets it): the weights it is
+    # trained against are those current then (`bench.steps.checks.trained_against`)
+    handed_over_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -90,4 +93,5 @@ class SampleRecord:
 
 
 # fields the row gives otherwise (counts, joined strings, the error's parts) or not at all
-_NOT_IN_ROW = frozenset({"error", "details", "response_ids", "logprobs", "loss_mask", "weight_versions", "request_ids"})
+_NOT_IN_ROW = frozenset({"error", "details", "response_ids", "logprobs", "loss_mask", "weight_versions", "request_ids",
+                         "handed_over_at"})

@@ -50,6 +50,7 @@ class StepState:
     trainer_version: str | None = None  # the version the adapter's trainer says it published for the step
     ignored_updates: list[dict[str, Any]] = field(default_factory=list)  # weight updates a `hold_weights` rule kept out
     applied_updates: list[dict[str, Any]] = field(default_factory=list)  # weight updates the server applied
+    versionless_sync: bool = False  # the adapter declares its framework's syncs name no version (`loop.run_steps`)
 
     @property
     def ended(self) -> bool:
@@ -130,6 +131,7 @@ class StepBoard:
         if isinstance(weights, dict) and weights.get("by") == ADAPTER:
             version = weights.get("version")
             current.published_by, current.trainer_version = ADAPTER, None if version is None else str(version)
+            current.versionless_sync = bool(weights.get("versionless"))
             current.weight_version = self.context.state.version_at(current.began)  # after the adapter's update
         if report.get("last") or step + 1 >= self.steps:
             return {"next": None}
@@ -151,6 +153,11 @@ class StepBoard:
         if not self.closed and self.states:
             self.states[-1].applied_updates.append({"endpoint": endpoint, "weight_version": version,
                                                     "at": time.time()})
+
+    def version_at(self, moment: float) -> str | None:
+        """The server's weight version at unix time `moment` (None: no server state to ask, as in a unit test)."""
+        state = getattr(self.context, "state", None)
+        return None if state is None else state.version_at(moment)
 
     def ran(self) -> int:
         """How many steps started."""

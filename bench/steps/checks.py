@@ -12,10 +12,11 @@
   request sent just before the rollout raised can reach the server after it. A trajectory's step here is the one
   that trained on it (handed over in it) when it was handed over: an asynchronous rollout (AReaL's
   `prepare_batch`) generates a trajectory on through later steps until a step takes it, by design.
-- `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault
-  reached (or naming none), or on a trajectory of an earlier step (an earlier step's error raised again, such as a
-  dead worker thread's, which a health check re-raises each step): what the earlier failure left behind (a dirtied
-  singleton, a half-closed client, a dead thread) is the first suspect. The evidence has both errors and what the process held after each.
+- `step_carryover`: a step that failed after an earlier step had failed, on a trajectory no injected fault that
+  fired during the step reached (or naming none), or with an earlier failed step's very error (its type, message and
+  trajectory: a dead worker thread's, which a health check re-raises each step): what the earlier failure left
+  behind (a dirtied singleton, a half-closed client, a dead thread) is the first suspect. The evidence has both
+  errors and what the process held after each.
 - `step_weights`: a step whose weights the adapter's trainer side published (`update_weights`) but the server did
   not serve: the version the server held when the step's rollout began is not the one the trainer says it
   published (an update never sent, refused, or kept out by a `hold_weights` rule). The evidence has both versions,
@@ -23,7 +24,8 @@
   server between the previous step's return and the step's start. An update the server applied before the step
   began that named no version is the sync having taken effect: SGLang moves its version label only when an update
   names one (`tokenizer_communicator_mixin.py`, `_update_weight_version_if_provided`), and AReaL's never do
-  (`sglang_remote.py`, `build_distributed_weight_update_requests`): its label stays where it was.
+  (`sglang_remote.py`, `build_distributed_weight_update_requests`): its label stays where it was. Only an adapter
+  that declares such syncs (`versionless_weight_sync`) is judged so; for the others such an update is a miss.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 from bench.invariants.base import Violation
 from bench.invariants.root_cause import root_cause
 from bench.records.request_log import RequestRecord
-from bench.records.sample import SampleRecord
+from bench.records.sample import ErrorInfo, SampleRecord
 from faults import FaultEvent
 
 from .board import ADAPTER, StepBoard, StepState
@@ -51,7 +53,7 @@ def check_steps(board: StepBoard, requests: list[RequestRecord], fault_events: l
                 consumed: dict[str, int] | None = None) -> list[Violation]:
     """`consumed`: the step each trajectory was handed over in (default: its own step)."""
     return [*resource_growth(board.states), *late_requests(board, requests, consumed),
-            *carryover(board.states, fault_events, board.step_of), *weights_not_served(board, requests)]
+            *carryover(board.states, fault_events), *weights_not_served(board, requests)]
 
 
 def _measured(states: list[StepState], key: str) -> list[tuple[int, Any]]:
@@ -139,9 +141,11 @@ def late_requests(board: StepBoard, requests: list[RequestRecord],
     return out
 
 
-def carryover(states: list[StepState], fault_events: list[FaultEvent],
-              step_of: dict[str, int] | None = None) -> list[Violation]:
-    """A failed step after an earlier failed step, with no injected fault on its own trajectories to explain it."""
+def carryover(states: list[StepState], fault_events: list[FaultEvent]) -> list[Violation]:
+    """A failed step after an earlier failed step that its own faults do not explain: it repeats an earlier failed
+    step's error (same type, message and trajectory: a dead thread's exception raised again), or no injected fault
+    that fired during the step reached the trajectory that raised. A fault's time, not the trajectory's slice,
+    says which step it belongs to: a rollout that generates ahead runs a slice-k trajectory in step k+1."""
     failed = [s for s in states if s.error is not None]
     if len(failed) < 2:
         return []
@@ -149,21 +153,29 @@ def carryover(states: list[StepState], fault_events: list[FaultEvent],
     out = []
     for state in failed[1:]:
         assert state.error is not None and first.error is not None
-        cause = root_cause(state.error, fault_events)
-        earlier = (step_of or {}).get(state.error.trajectory or "", state.step) < state.step
-        if cause.fault is not None and not earlier:
+        repeated = next((s for s in failed if s.step < state.step and _same_error(s.error, state.error)), None)
+        end = state.returned if state.returned is not None else float("inf")
+        cause = root_cause(state.error, [e for e in fault_events if state.started <= e.time <= end])
+        if cause.fault is not None and repeated is None:
             continue  # an injected fault reached the code that raised, in this step: that explains it
         out.append(Violation(
             "step_carryover", state.error.trajectory,
             f"step {state.step} failed after step {first.step} had failed ({first.error.type}): "
-            f"{cause.explain()[:500]}",
+            + (f"step {repeated.step}'s error raised again: " if repeated is not None else "")
+            + cause.explain()[:500],
             {"check": "carried_over", "step": state.step, "after_step": first.step, "first_step": state.step,
+             "repeats_step": None if repeated is None else repeated.step,
              "error": {"type": state.error.type, "message": state.error.message, "trajectory": state.error.trajectory,
                        "traceback": state.error.last_frames(12)},
              "first_error": {"type": first.error.type, "message": first.error.message,
                              "trajectory": first.error.trajectory, "traceback": first.error.last_frames(12)},
              "held_after": {str(s.step): _counts(s) for s in states if first.step <= s.step <= state.step}}))
     return out
+
+
+def _same_error(earlier: ErrorInfo | None, later: ErrorInfo) -> bool:
+    return earlier is not None and (earlier.type, earlier.message, earlier.trajectory) == (
+        later.type, later.message, later.trajectory)
 
 
 def _counts(state: StepState) -> dict[str, Any] | None:
@@ -202,41 +214,67 @@ def weights_not_served(board: StepBoard, requests: list[RequestRecord]) -> list[
 
 
 def _unlabelled_update(state: StepState) -> bool:
-    """Did the server apply, before the step began, a weight update naming no version (the label could not move)?"""
+    """Did the server apply, before the step began, a weight update naming no version (the label could not move),
+    for an adapter that declares its framework's syncs never name one (`versionless_weight_sync`: AReaL, verl)?
+    Elsewhere (slime, miles) an update that drops its version is the regression the check is for."""
     assert state.began is not None
-    return any(u["weight_version"] is None and u["at"] <= state.began for u in state.applied_updates)
+    return state.versionless_sync and any(u["weight_version"] is None and u["at"] <= state.began
+                                          for u in state.applied_updates)
 
 
 _TRAINED = ("completed", "truncated")
 
 
+def trained_against(board: StepBoard, state: StepState, record: SampleRecord) -> int | None:
+    """The weight version a record was trained against: the later of the version the step's trainer published
+    (`trainer_weights`, held before the step's rollout began) and the one the server held when the record was
+    handed over. A trainer that trains several times in one step (open-instruct: one bench step is several of its
+    training steps) syncs after each, moving the server's label under the step; a sync that names no version
+    (AReaL's, verl's) leaves the label behind and the trainer's version stands. None: neither is a number."""
+    versions = [state.trainer_weights]
+    if record.handed_over_at is not None:
+        versions.append(board.version_at(record.handed_over_at) or "")
+    numbers = [int(v) for v in versions if v.isdigit()]
+    return max(numbers) if numbers else None
+
+
+def sample_lag(board: StepBoard, state: StepState, record: SampleRecord) -> int | None:
+    """Versions between what a trained-on record (completed or truncated) was trained against and the oldest
+    version it says it was served (0: on policy); None when it was not trained on or no version is a number."""
+    versions = [int(v) for v in record.weight_versions if v.isdigit()]
+    against = trained_against(board, state, record)
+    if record.outcome not in _TRAINED or not versions or against is None:
+        return None
+    return against - min(versions)
+
+
 def lag_bound(board: StepBoard, records: list[SampleRecord], consumed: dict[str, int], bound: int) -> list[Violation]:
-    """`step_lag`: a trained-on sample whose oldest served weight version lags the weights of the step that
-    trained on it (the step running when the rollout handed it over) by more than `bound` versions. An async
-    rollout hands over samples generated under earlier steps' weights; how old it may hand them is the
-    framework's configured bound (`max_weight_lag`, declared by the adapter, or `--max-weight-lag`)."""
+    """`step_lag`: a trained-on sample whose oldest served weight version lags the weights it was trained against
+    (`trained_against`: those of the step that trained on it, the step running when the rollout handed it over,
+    or the server's then if the trainer synced since) by more than `bound` versions. An async rollout hands over
+    samples generated under earlier weights; how old it may hand them is the framework's configured bound
+    (`max_weight_lag`, declared by the adapter, or `--max-weight-lag`)."""
     by_step = {s.step: s for s in board.states}
     late: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         step = consumed.get(record.trajectory)
         state = by_step.get(step) if step is not None else None
-        versions = [int(v) for v in record.weight_versions if v.isdigit()]
-        if record.outcome not in _TRAINED or state is None or not versions or not state.trainer_weights.isdigit():
-            continue
-        lag = int(state.trainer_weights) - min(versions)
-        if lag > bound:
+        lag = None if state is None else sample_lag(board, state, record)
+        if state is not None and lag is not None and lag > bound:
             late.setdefault(state.step, []).append({
                 "trajectory": record.trajectory, "generated_in_step": record.step, "trained_in_step": state.step,
-                "weight_versions": record.weight_versions, "step_weights": state.trainer_weights, "lag": lag})
+                "weight_versions": record.weight_versions, "step_weights": state.trainer_weights,
+                "trained_against": trained_against(board, state, record), "lag": lag})
     out = []
     for step, samples in sorted(late.items()):
         worst = max(samples, key=lambda s: s["lag"])
         out.append(Violation(
             "step_lag", worst["trajectory"],
             f"step {step} trained on {len(samples)} samples more than {bound} version{'s' if bound != 1 else ''} "
-            f"behind its weights "
-            f"(v{by_step[step].trainer_weights}); the oldest was served v{min(worst['weight_versions'], key=int)} "
-            f"in step {worst['generated_in_step']} (lag {worst['lag']})",
+            f"behind the weights they were trained against "
+            f"(v{by_step[step].trainer_weights} at the step's start); the oldest was served "
+            f"v{min(worst['weight_versions'], key=lambda v: int(v) if v.isdigit() else -1)} in step "
+            f"{worst['generated_in_step']} and trained against v{worst['trained_against']} (lag {worst['lag']})",
             {"check": "lag", "step": step, "first_step": step, "bound": bound, "count": len(samples),
              "max_lag": worst["lag"], "samples": sorted(samples, key=lambda s: -s["lag"])[:_LISTED]},
             occurrences=len(samples)))

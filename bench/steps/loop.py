@@ -10,7 +10,9 @@ run under `on_step_failure = "stop"`; under `"continue"` the next step runs, in 
 An adapter that drives its framework's trainer side has `async update_weights(job)`: it is awaited before every
 step (step 0 too: a trainer pushes its weights before the first rollout), makes the admin calls the framework's
 trainer makes (pause, flush, update, continue) and returns the weight version its trainer published. The report
-then says the adapter published (`weights`), and the bench leaves the server's version to those calls.
+then says the adapter published (`weights`), and the bench leaves the server's version to those calls. An adapter
+whose framework's sync names no version to the server (AReaL's, verl's: the server's label cannot move) says so
+with a class attribute `versionless_weight_sync = True`, reported with each step (`checks.weights_not_served`).
 """
 
 from __future__ import annotations
@@ -67,8 +69,11 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
 
     def handed_over(record: SampleRecord) -> None:
         """A record carries the step running when the rollout handed it to the trainer (the step that trains on
-        it); the bench keeps that for the lag check and then stamps the record with its trajectory's step."""
+        it) and the moment it did (the weights then: one step may train several times, syncing after each); the
+        bench keeps both for the lag check and then stamps the record with its trajectory's step."""
         record.step = running[0]
+        if record.handed_over_at is None:  # an adapter handing over from a thread stamps it there (`stamped`)
+            record.handed_over_at = time.time()
         emit(record)
 
     for step in range(job.steps):
@@ -101,10 +106,20 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
             "step": step, "started": started, "returned": returned, "last": last,
             "error": None if error is None else {"type": error.type, "message": error.message,
                                                  "traceback": error.traceback, "trajectory": error.trajectory},
-            "weights": None if publish is None else {"by": "adapter", "version": trainer_version},
+            "weights": None if publish is None else {
+                "by": "adapter", "version": trainer_version,
+                "versionless": bool(getattr(target, "versionless_weight_sync", False))},
             "resources": snapshot(own) if measure else None})
         if last or answer.get("next") is None:  # the bench stopped the run (it gave up waiting): no next step
             return
+
+
+def stamped(record: SampleRecord) -> SampleRecord:
+    """`record` with the moment it was handed over: for an adapter whose trainer runs in a thread and passes records
+    to the event loop (`call_soon_threadsafe`), so a weight sync the thread makes right after is not taken as the
+    weights the record was trained against (the loop may run the emit after it)."""
+    record.handed_over_at = time.time()
+    return record
 
 
 async def published(target: Any, update_weights: Callable[[RolloutJob], Any], job: RolloutJob) -> str | None:

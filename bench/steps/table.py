@@ -8,15 +8,16 @@ from bench.records.request_log import RequestRecord
 from bench.records.sample import DROPPED_OUTCOMES, OUTCOMES, SampleRecord
 
 from .board import StepBoard
-from .checks import COUNTED
+from .checks import COUNTED, sample_lag
 
 
 def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[RequestRecord],
               consumed: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """One row per step that started: samples and outcomes, drop rate, throughput, requests (late ones apart),
     the weight version the step began with and who published it (the bench, or the adapter's trainer side with
-    the version its trainer published), the lag of what the step trained on (`consumed`: the step each record was handed
-    over in; default its trajectory's step), and the worker's resources after the step."""
+    the version its trainer published), the lag of what the step trained on (`checks.sample_lag`; `consumed`: the
+    step each record was handed over in; default its trajectory's step), and the worker's resources after the
+    step."""
     consumed = consumed or {}
     rows = []
     following = {earlier.step: later.started for earlier, later in zip(board.states, board.states[1:])}
@@ -41,8 +42,8 @@ def step_rows(board: StepBoard, records: list[SampleRecord], requests: list[Requ
             "late_requests": sum(1 for q in asked if _late(board, q, consumed.get(q.trajectory or "", state.step),
                                                           following)),
             "versions_served": sorted({q.weight_version for q in asked if q.weight_version is not None}),
-            "max_lag": _max_lag(state.trainer_weights, [r for r in records
-                                                       if consumed.get(r.trajectory, r.step) == state.step]),
+            "max_lag": max((lag for r in records if consumed.get(r.trajectory, r.step) == state.step
+                            and (lag := sample_lag(board, state, r)) is not None), default=None),
             "error": None if state.error is None else f"{state.error.type}: {state.error.message[:200]}",
             **{key: resources.get(key) for key in COUNTED},
             "rss_mb": round(resources["rss_bytes"] / 2**20, 1) if resources.get("rss_bytes") is not None else None,
@@ -54,14 +55,3 @@ def _late(board: StepBoard, request: RequestRecord, step: int, following: dict[i
     """A request arriving once the step after `step` (the one that trained on its trajectory) had begun."""
     returned = board.states[step].returned if step < len(board.states) else None
     return returned is not None and request.started > max(returned, following.get(step, 0.0))
-
-
-def _max_lag(published: str, records: list[SampleRecord]) -> int | None:
-    """Versions between the step's weights and the oldest version a sample it trained on (completed or truncated)
-    says it was served (0: on policy); None when the versions are not numbers or no such sample names one."""
-    if not published.isdigit():
-        return None
-    lags = [int(published) - min(int(v) for v in record.weight_versions if v.isdigit())
-            for record in records if record.outcome in ("completed", "truncated")
-            and any(v.isdigit() for v in record.weight_versions)]
-    return max(lags) if lags else None

@@ -9,7 +9,9 @@ once over SGLang's `/generate` and hands them to the trainer.
 
 - `unfixed`: its sync is conditional and the condition is wrong for one step (`--target-option skip=K`, default
   2: the step whose sync it skips, as an interval computed off by one or a flag reset too early would): the
-  trainer moves to version K, the server keeps serving K-1.
+  trainer moves to version K, the server keeps serving K-1. With `--target-option drop_version=K` it sends step
+  K's sync but the update names no version (a request builder that lost the field): the server takes the weights
+  and keeps its label at K-1, which a slime-like trainer must not do (only AReaL's and verl's syncs name none).
 - `fixed`: it syncs before every step.
 """
 
@@ -39,14 +41,17 @@ class RefStepWeights(ReferenceTarget):
     async def update_weights(self, job: RolloutJob) -> str:
         """The trainer side before step `job.step`: publish version `job.step` (the one it trains from)."""
         version = str(job.step)
-        skip = int(job.options.get("skip", 2))
+        dropped = job.options.get("drop_version")
+        skip = int(job.options.get("skip", 2)) if dropped is None else None
         if not self.fixed and job.step == skip:
             return version  # the trainer moved on; the sync was never sent
+        update: dict[str, Any] = {"serialized_named_tensors": [], "flush_cache": False, "weight_version": version}
+        if not self.fixed and dropped is not None and job.step == int(dropped):
+            del update["weight_version"]  # sent, naming no version
         async with aiohttp.ClientSession() as http:
             await _post(http, job.base_url, "/pause_generation", {})
             await _flush(http, job.base_url)
-            await _post(http, job.base_url, "/update_weights_from_tensor",
-                        {"serialized_named_tensors": [], "flush_cache": False, "weight_version": version})
+            await _post(http, job.base_url, "/update_weights_from_tensor", update)
             await _post(http, job.base_url, "/continue_generation", {})
         return version
 

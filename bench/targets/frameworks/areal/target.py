@@ -30,8 +30,9 @@ generated a token, so a sample's `weight_versions` are the counter's values on i
 Many steps (`run --steps K`, `session`): the engine and its executor live from step 0 to the last; each step is
 AReaL's `prepare_batch`, and `update_weights(job)` is AReaL's trainer's weight sync (`weights`). Option
 `max_head_offpolicyness` (AReaL's `rollout.max_head_offpolicyness`; its default 0 is synchronous, its GSM8K GRPO
-example's 2): how far generation may run ahead of training; the adapter declares it as its `max_weight_lag` when
-given. A one-step run is one `submit` per trajectory and one `wait`, as before (the bound unlimited).
+example's 2): how far generation may run ahead of training; the adapter declares it as its `max_weight_lag` (0 when not
+given: a sample one version behind is then a finding, the bench's default bound 1 narrowed). A one-step run is one
+`submit` per trajectory and one `wait`, as before (every version 0).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def workflow_of(job: RolloutJob) -> str:
 
 
 class ArealTarget:
+    versionless_weight_sync = True  # its updates name no version: SGLang's label stays (`weights`)
     variants = VARIANTS
     fail_fast = False  # AReaL drops a failed episode (None) and goes on
 
@@ -70,6 +72,7 @@ class ArealTarget:
         self.name = f"areal:{variant}"
         self.session: Any = None  # a run of many steps: AReaL's engine from step 0 to the last (`session.Session`)
         self.offpolicyness: int | None = None
+        self.start_error: str | None = None  # why step 0's engine did not start (a later step names it)
 
     def warm_up(self, options: dict[str, Any]) -> None:
         """torch, transformers and AReaL's engine (seconds); no thread or pool starts before the job."""
@@ -81,11 +84,10 @@ class ArealTarget:
         self.offpolicyness = _offpolicyness(options)
 
     def framework_info(self) -> dict[str, str]:
-        """The installed AReaL, and the staleness it is configured to accept when the run configures it:
-        `max_head_offpolicyness` versions (AReaL's bound on how far generation runs ahead of training)."""
-        info = {"framework": DISTRIBUTION, "version": importlib.metadata.version(DISTRIBUTION)}
-        offpolicyness = getattr(self, "offpolicyness", None)
-        return info if offpolicyness is None else info | {"max_weight_lag": str(offpolicyness)}
+        """The installed AReaL, and the staleness it is configured to accept: `max_head_offpolicyness` versions
+        (AReaL's bound on how far generation runs ahead of training), 0 (its default: synchronous) when not set."""
+        return {"framework": DISTRIBUTION, "version": importlib.metadata.version(DISTRIBUTION),
+                "max_weight_lag": str(getattr(self, "offpolicyness", None) or 0)}
 
     async def run(self, job: RolloutJob, emit: Emit) -> None:
         if job.steps > 1:
@@ -101,17 +103,26 @@ class ArealTarget:
         return await asyncio.to_thread(self._sync, job)
 
     def _sync(self, job: RolloutJob) -> str:
-        from .session import Session
+        if job.step == 0:
+            from .session import Session
 
-        if job.step == 0 or self.session is None:
             self._stop()
-            session = Session(job, _offpolicyness(job.options) or 0)
+            self.start_error = None
+            session = None
             try:
+                session = Session(job, _offpolicyness(job.options) or 0)
                 session.start()
-            except BaseException:
-                session.stop()
+            except BaseException as raised:
+                if session is not None:
+                    session.stop()
+                self.start_error = f"{type(raised).__name__}: {str(raised)[:300]}"
                 raise
             self.session = session
+        elif self.session is None:  # `--on-step-failure continue` after step 0's start failed: nothing to sync
+            raise RuntimeError(
+                f"areal step {job.step}: no engine to sync: AReaL's trainer makes its engine once, before step 0, "
+                f"and step 0's weight sync failed ({self.start_error or 'the engine had stopped'}); "
+                "a later step does not remake it from its own slice")
         return self.session.sync(job.step)
 
     def _step(self, job: RolloutJob) -> list[SampleRecord]:

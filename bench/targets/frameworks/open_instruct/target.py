@@ -40,6 +40,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.steps.loop import stamped
 from bench.targets.base import Emit, RolloutJob
 from bench.targets.frameworks import local_ray
 
@@ -142,7 +143,8 @@ class OpenInstructTarget:
         loop = asyncio.get_running_loop()
         ended = job.step == job.steps - 1
         try:
-            await asyncio.to_thread(self._step, job, lambda record: loop.call_soon_threadsafe(emit, record))
+            # stamped in the trainer's thread: it syncs weights right after handing over (`steps.loop.stamped`)
+            await asyncio.to_thread(self._step, job, lambda record: loop.call_soon_threadsafe(emit, stamped(record)))
         except BaseException:
             ended = ended or job.on_step_failure == "stop"
             raise

@@ -17,11 +17,11 @@ lag `step_lag` judges). The weight sync after a bench step's last training step 
 
 The bench's data is finite where open-instruct's is not, so a wait ends on a bench decision taken only where
 open-instruct would not be stuck: once every prompt put in has come back and none can arrive without data the bench
-has not handed over (the draws are owed, `feed`), the results queue reports Empty and open-instruct's own
+has not handed over (draws are owed, `feed`), the results queue reports Empty and open-instruct's own
 requeue-on-timeout hands the partial batch back: the last step trains it as a last, smaller batch; an earlier step
 (more results dropped as stale than the pipeline's depth) ends there and the next step takes it up. With prompts
-still in flight nothing ends: a held answer is waited for, as open-instruct waits, and the bench's watchdog reports
-a hang.
+still in flight, or none in flight and no draw owed (a starved pipeline: nothing was put in to replace what was
+taken), nothing ends: open-instruct waits, and the bench's watchdog reports a hang.
 
 Without replenishing (`no-replenish`), the trainer feeds `prompts_per_step` prompts after each training step, the way
 a caller of `accumulate_inference_batches(replenish_prompts=False)` must.
@@ -56,9 +56,9 @@ class ResultsQueue:
             try:
                 result = self.real.get(timeout=POLL_S)
             except queue.Empty:
-                if self.prompts.added - len(self.handed) <= 0:
-                    raise  # nothing in flight: only data not handed over yet could bring a result
-                continue
+                if self.prompts.added - len(self.handed) <= 0 and self.prompts.owed > 0:
+                    raise  # nothing in flight and draws owed: only data not handed over yet could bring a result
+                continue  # in flight, or starved with nothing owed (open-instruct hangs: the watchdog says so)
             self.handed[result.index] = result.model_step
             return result
 

@@ -53,6 +53,7 @@ CODE_ROOT = Path(__file__).resolve().parents[4]  # the checkout holding `bench`:
 
 
 class VerlTarget:
+    versionless_weight_sync = True  # its update names no `weight_version`: SGLang's label stays (`weights`)
     variants = VARIANTS
     fail_fast = False  # a failed agent loop ends its session; the step goes on
 
