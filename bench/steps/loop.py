@@ -72,9 +72,7 @@ async def run_steps(target: Any, job: RolloutJob, emit: Emit, *, measure: bool =
         it) and the moment it did (the weights then: one step may train several times, syncing after each); the
         bench keeps both for the lag check and then stamps the record with its trajectory's step."""
         record.step = running[0]
-        if record.handed_over_at is None:  # an adapter handing over from a thread stamps it there (`stamped`)
-            record.handed_over_at = time.time()
-        emit(record)
+        emit(record if record.handed_over_at is not None else stamped(record))  # a thread's adapter stamped it there
 
     for step in range(job.steps):
         running[0] = step
