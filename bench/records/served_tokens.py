@@ -92,8 +92,12 @@ class ServedTokens:
         self._id_base = 0  # position of ids[0] among every token ever served (entry offsets count from the first)
         self.window: int | None = None
         self.evicted = 0
-        self.ids = array("i")
-        self.logprobs = array("d")  # NaN where the answer showed no usable logprob
+        self._ids = array("i")
+        self._logprobs = array("d")  # NaN where the answer showed no usable logprob
+        # answers served whole, in the order they finished, not yet copied into the arrays: the fast path serves one
+        # saved answer many times, and copying each into ever-growing arrays cost a fresh page about every request
+        self._pending: list[tuple["array[int]", "array[float]"]] = []  # (ids, logprobs): the answer's own arrays
+        self._pending_tokens = 0
         self._by_trajectory: dict[str, list[int]] = {}
         # per trajectory, its entries by prompt length: only a shorter prompt can be continued (`_shorter`), and
         # the retries of one turn (a benchmark repeats a turn thousands of times) are then never walked again
@@ -107,6 +111,28 @@ class ServedTokens:
 
     def __len__(self) -> int:
         return self._base + len(self.entries)
+
+    @property
+    def ids(self) -> "array[int]":
+        """Every kept served token id (int32), in the order the answers finished (entry offsets index it)."""
+        if self._pending:
+            self._flush()
+        return self._ids
+
+    @property
+    def logprobs(self) -> "array[float]":
+        """The logprob each kept token was shown with (float64, NaN where none), aligned with `ids`."""
+        if self._pending:
+            self._flush()
+        return self._logprobs
+
+    def _flush(self) -> None:
+        """Copy the pending answers into the arrays, in order: their entries' offsets were given as if already there."""
+        pending, self._pending, self._pending_tokens = self._pending, [], 0
+        ids, logprobs = self._ids, self._logprobs
+        for answer_ids, answer_logprobs in pending:
+            ids.extend(answer_ids)
+            logprobs.extend(answer_logprobs)
 
     def retain(self, window: int) -> None:
         """Keep about the latest `window` entries (and their tokens) in memory; older ones are let go."""
@@ -208,10 +234,11 @@ class ServedTokens:
         if index is None:
             return  # not identified through `begin` (a bench-internal request)
         entry = self.entries[index - self._base]
-        entry.offset, entry.count, entry.played = self._id_base + len(self.ids), len(answer.ids), True
-        self.ids.extend(answer.ids)
+        count = len(answer.ids)
+        entry.offset, entry.count, entry.played = self._id_base + len(self._ids) + self._pending_tokens, count, True
+        self._pending.append((answer.ids, answer.logprobs))  # copied into the arrays when they are read (`_flush`)
+        self._pending_tokens += count
         entry.logprobs_shown = answer.shown
-        self.logprobs.extend(answer.logprobs)
         if entry.prompt_hash is not None and len(prompt) == entry.prompt_len:
             entry.prompt_hash.update(answer.packed)  # the same digest as of prompt + output, without the prompt again
             entry.context_digest, entry.prompt_hash = entry.prompt_hash.digest(), None
