@@ -28,7 +28,6 @@ from .http_guard import LIMITS_KEY, PARSER_REFUSALS, GuardedSite, guard_routes, 
 from .limits import Limits
 from .profiles import DEFAULT_PROFILE, get_profile
 from .router import add_router_routes
-from .served import add_served_headers
 
 
 def create_app(ctx: ServerContext, control_token: str | None = None, limits: Limits = Limits()) -> web.Application:
@@ -38,7 +37,6 @@ def create_app(ctx: ServerContext, control_token: str | None = None, limits: Lim
     app[LIMITS_KEY] = limits
     if control_token is not None:
         app[CONTROL_TOKEN_KEY] = control_token
-    app.on_response_prepare.append(add_served_headers)
     app[_COLLECTOR_KEY] = []  # the hold taken at startup (the app's state is frozen by then: a list to fill)
     app.on_startup.append(_hold_collector)
     app.on_cleanup.append(_release_collector)

@@ -30,6 +30,7 @@ from .context import CONTEXT_KEY, ServerContext
 from .control import token_matches, token_refusal
 from .limits import ConnectionGuard, Limits
 from .router import GENERATION_ROUTES, no_workers
+from .served import add_served_headers
 
 LIMITS_KEY = web.AppKey("limits", Limits)
 ROUTED_KEY = web.RequestKey("rollout_bench_routed", bool)  # set on every request the app routes
@@ -69,29 +70,34 @@ def guard_routes(app: web.Application, control_token: str | None = None, catch_a
     for route in app.router.routes():
         resource = route.resource
         path = resource.canonical if resource is not None else ""
-        guard = _guard_generation if path in GENERATION_ROUTES else _guard_logged
         # aiohttp keeps a route's handler in `_handler` (what `route.handler` returns): replaced once, before serving
-        route._handler = guard(route.handler, control_token)  # type: ignore[attr-defined]
+        if path in GENERATION_ROUTES:
+            route._handler = _guard_generation(route.handler, app[CONTEXT_KEY], app[LIMITS_KEY])  # type: ignore[attr-defined]
+        else:
+            route._handler = _guard_logged(route.handler, control_token, app[LIMITS_KEY])  # type: ignore[attr-defined]
 
 
-def _guard_generation(handler: Handler, control_token: str | None) -> Handler:
-    """A generation route: the body read within the limits, the router's worker present; the route logs itself."""
+def _guard_generation(handler: Handler, ctx: ServerContext, limits: Limits) -> Handler:
+    """A generation route: the body read within the limits, the router's worker present; the route logs itself, and
+    its answer names what was served (`served.add_served_headers`; a stream it opens does that itself)."""
 
     async def generation(request: web.Request) -> web.StreamResponse:
         request[ROUTED_KEY] = True
         arrived = time.time()
         if request.body_exists:
-            refusal = await _read_body(request)
+            refusal = await _read_body(request, limits)
             if refusal is not None:
                 return _refused(request, arrived, refusal)
-        ctx = request.app[CONTEXT_KEY]
         if not ctx.state.workers_available:  # the bench took the router's only worker away
             ctx.log.append(RequestRecord(
                 started=arrived, endpoint=request.path, status=503, latency_s=round(time.time() - arrived, 6),
                 error="the router has no available workers (taken away by POST /bench/workers)"))
             return await no_workers(request)
         try:
-            return await handler(request)
+            response = await handler(request)
+            if not response.prepared:
+                add_served_headers(request, response)
+            return response
         except Exception as error:  # a bug: the log says so (the route may not have logged yet); aiohttp answers 500
             ctx.log.append(RequestRecord(
                 started=arrived, endpoint=request.path, status=500, latency_s=round(time.time() - arrived, 6),
@@ -101,7 +107,7 @@ def _guard_generation(handler: Handler, control_token: str | None) -> Handler:
     return generation
 
 
-def _guard_logged(handler: Handler, control_token: str | None) -> Handler:
+def _guard_logged(handler: Handler, control_token: str | None, limits: Limits) -> Handler:
     """Any other route (and the catch-all): the body read within the limits, a request-log row, FastAPI's JSON for
     a 404 or 405, the control token on `/bench/*` when there is one."""
 
@@ -116,7 +122,7 @@ def _guard_logged(handler: Handler, control_token: str | None) -> Handler:
                 latency_s=round(time.time() - arrived, 6), error="no control token (or a wrong one) for /bench/*"))
             return refused
         if request.body_exists:
-            refusal = await _read_body(request)
+            refusal = await _read_body(request, limits)
             if refusal is not None:
                 return _refused(request, arrived, refusal)
         record = RequestRecord(started=arrived, endpoint=request.path)
@@ -163,9 +169,8 @@ def _refused(request: web.Request, arrived: float, refusal: tuple[int, str, web.
     return response
 
 
-async def _read_body(request: web.Request) -> tuple[int, str, web.Response] | None:
+async def _read_body(request: web.Request, limits: Limits) -> tuple[int, str, web.Response] | None:
     """Read (and cache) the body within the limits; (status, log error, answer) when that fails."""
-    limits = request.app[LIMITS_KEY]
     try:
         if request.content.is_eof():  # all of it arrived with the head (the usual case): no wait, so no timer to arm
             await request.read()

@@ -14,7 +14,7 @@ from bench.replay import Generation, Identity, build_generation, context_error
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
 from faults.engine import Decision
 
-from . import transport, wire
+from . import served, transport, wire
 from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_fast import FastRequest, Reply, accept, make_reply, native_request
@@ -211,7 +211,7 @@ async def _stream_error(request: web.Request, ctx: ServerContext, message: str) 
 async def _open_stream(request: web.Request, content_type: str | None = None) -> web.StreamResponse:
     """A 200 event stream (under another content type when a `wrong_content_type` fault says so)."""
     response = web.StreamResponse(status=200, headers={"Content-Type": content_type or "text/event-stream"})
-    await response.prepare(request)
+    await served.prepare(response, request)
     return response
 
 

@@ -30,7 +30,7 @@ from bench.tokenizer import ByteBPETokenizer
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Replacement, Rule, forced_rules
 from faults.engine import Decision
 
-from . import transport, wire
+from . import served, transport, wire
 from .context import Planned, ServerContext, context_of
 from .native import _iterations_later
 from .openai_answer import settle
@@ -159,7 +159,7 @@ def _refused(ctx: ServerContext, choice: Choice, status: int | None, error: str,
 
 async def _open_stream(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
+    await served.prepare(response, request)
     return response
 
 

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from faults import Exchange
 
-from . import transport, wire
+from . import served, transport, wire
 from .context import ServerContext
 from .openai_answer import settle
 from .openai_format import OpenAIFormatter
@@ -100,7 +100,7 @@ async def stream_choices(request: web.Request, ctx: ServerContext, parsed: OpenA
     """Every choice plays concurrently; their chunks interleave in the order tokens appear."""
     carrier = wire_faults(exchanges)
     response = web.StreamResponse(status=200, headers={"Content-Type": carrier.content_type or "text/event-stream"})
-    await response.prepare(request)
+    await served.prepare(response, request)
     writer = EventWriter(response, carrier, max(len(c.generation.output_ids) for c in choices))
     queue: asyncio.Queue[tuple[int, int | None, Played | Exception | None]] = asyncio.Queue()
     tasks = [asyncio.create_task(_feed(ctx, c, e, arrived, queue)) for c, e in zip(choices, exchanges)]

@@ -23,8 +23,10 @@ from bench.records.attribution import (
 SERVED_KEY: Any = web.RequestKey("rollout_bench_served", list) if hasattr(web, "RequestKey") else "rollout_bench_served"
 
 
-async def add_served_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare`: runs before the headers go out, streamed answers included."""
+def add_served_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Name what was served in the answer's headers, before they go out: the generation routes' guard calls it on
+    the answer a handler returns, and `prepare` on a stream a handler opens. Not an `on_response_prepare` signal:
+    that one is dispatched on every answer of every route."""
     try:  # not `request.get`: a request's mapping methods are the slow generic ones
         records = request[SERVED_KEY]
     except KeyError:
@@ -32,9 +34,16 @@ async def add_served_headers(request: web.Request, response: web.StreamResponse)
     if len(records) != 1 or records[0].trajectory is None:  # one identified record, or the answer names none
         return
     record = records[0]
-    headers = response.headers
-    headers[SERVED_TRAJECTORY_HEADER] = str(record.trajectory)
-    headers[SERVED_TURN_HEADER] = "" if record.turn is None else str(record.turn)
-    headers[SERVED_ATTEMPT_HEADER] = "" if record.attempt is None else str(record.attempt)
+    turn, attempt = record.turn, record.attempt
+    served = [(SERVED_TRAJECTORY_HEADER, str(record.trajectory)),
+              (SERVED_TURN_HEADER, "" if turn is None else str(turn)),
+              (SERVED_ATTEMPT_HEADER, "" if attempt is None else str(attempt))]
     if record.rid:
-        headers[SERVED_REQUEST_HEADER] = str(record.rid)
+        served.append((SERVED_REQUEST_HEADER, str(record.rid)))
+    response.headers.update(served)  # each replaced, as setting it one by one would
+
+
+async def prepare(response: web.StreamResponse, request: web.Request) -> None:
+    """`response.prepare(request)` for a stream a generation route opens, its served headers first."""
+    add_served_headers(request, response)
+    await response.prepare(request)

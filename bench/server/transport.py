@@ -10,7 +10,7 @@ from aiohttp import web
 
 from faults import Exchange, Replacement
 
-from . import wire
+from . import served, wire
 from .state import ServerState
 
 
@@ -54,7 +54,7 @@ async def send_body(request: web.Request, body: bytes, exchange: Exchange | None
         return web.Response(body=body, content_type=content_type)
     response = web.StreamResponse(headers={"Content-Type": content_type})
     response.content_length = len(body)
-    await response.prepare(request)
+    await served.prepare(response, request)
     await response.write(body[: int(len(body) * keep)])
     return drop_connection(request)
 
