@@ -78,7 +78,21 @@ async def _call(app: web.Application, body: dict[str, Any], headers: dict[str, s
     request = make_mocked_request("POST", "/generate", headers={"Content-Type": "application/json",
                                                                 "Content-Length": str(len(raw)), **headers},
                                   app=app, payload=payload)
-    return await native.generate(request)  # type: ignore[return-value]
+    guarded = next(r.handler for r in app.router.routes() if r.method == "POST" and r.resource is not None
+                   and r.resource.canonical == "/generate")  # `generate` behind the guard, which names what was served
+    return await guarded(request)  # type: ignore[no-any-return]
+
+
+def _served_headers(answer: web.Response, record: Any, with_rid: bool) -> dict[str, str]:
+    """The headers naming what was served, the attempt checked against the log's (each call is an attempt of its own),
+    the request id only where the body sent one (else it is made up)."""
+    headers = {k: v for k, v in answer.headers.items() if k.startswith("X-Bench-Served-")}
+    if headers:
+        assert headers.pop("X-Bench-Served-Attempt") == str(record.attempt)
+        assert headers["X-Bench-Served-Request-Id"] == record.rid
+        if not with_rid:
+            del headers["X-Bench-Served-Request-Id"]
+    return headers
 
 
 def _normal(body: bytes, made_up_id: bool) -> bytes:
@@ -119,7 +133,8 @@ async def _compare_trace(profile: str) -> tuple[int, int]:
                         took_fast = ctx.replies.hits + ctx.replies.saved > before
                         assert took_fast == (answer.status == 200), (profile, trajectory.id, turn, answer.body[:200])
                         fast_answers += took_fast
-                    answers.append((answer.status, answer.content_type, _normal(answer.body, not with_rid)))
+                    answers.append((answer.status, answer.content_type, _normal(answer.body, not with_rid),
+                                    _served_headers(answer, ctx.log.records[-1], with_rid)))
                     rows.append(_log_row(ctx, len(ctx.log) - 1, with_rid))
                 assert answers[0] == answers[1], (profile, trajectory.id, turn, shape)
                 assert rows[0] == rows[1], (profile, trajectory.id, turn, shape)

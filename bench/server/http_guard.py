@@ -23,6 +23,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
+from bench.records.attribution import SERVED_TRAJECTORY_HEADER
 from bench.records.request_log import RequestRecord
 
 from . import wire
@@ -95,7 +96,7 @@ def _guard_generation(handler: Handler, ctx: ServerContext, limits: Limits) -> H
             return await no_workers(request)
         try:
             response = await handler(request)
-            if not response.prepared:
+            if not response.prepared and SERVED_TRAJECTORY_HEADER not in response.headers:  # else named already
                 add_served_headers(request, response)
             return response
         except Exception as error:  # a bug: the log says so (the route may not have logged yet); aiohttp answers 500

@@ -143,7 +143,6 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
     answer spliced into a saved reply. A fault firing, a request that is not a recorded turn, or a turn that is
     refused (context length, a recorded error) continues on the slow path from where this one is."""
     record = new_record(ctx, request.path, arrived, rid=fast.rid, stream=False, prompt_tokens=len(fast.ids))
-    request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
     if fast.rid in ctx.state.inflight:
         message = f"Duplicate request ID detected: {fast.rid}"
         reject(ctx, record, 400, message, arrived)
@@ -162,6 +161,7 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
             ctx.replies.put(key, reply)
     identified_as(ctx, record, identity, packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on
+        request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
         parsed = native_request(fast)
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=packed)
         exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=False, rid=fast.rid,
@@ -171,6 +171,7 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
     await _iterations_later(_SLOW_PATH_HOPS)  # answered as many loop iterations after arriving as on the slow path
     if not (reply.instant and played_at_once(ctx, record, identity, fast.rid, fast.ids, reply.served, reply.finish,
                                              arrived)):
+        request[SERVED_KEY] = [record]  # for the answers below that do not take the saved reply's headers
         generation = reply.generation_for(identity)
         choice = Choice(0, fast.ids, generation, fast.rid, record, None, fast.shape[0], reply.served)
         played = await play(ctx, choice, arrived)
@@ -181,7 +182,7 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
                     formatter.item(generation, fast.rid, fast.ids, upto=played.count, finish=ABORTED, e2e=e2e))
             return web.Response(body=transport.encode(item, None), content_type=wire.JSON)
     return web.Response(body=reply.body(fast.rid, ctx.state.weight_version, time.time() - arrived),
-                        content_type=wire.JSON)
+                        headers=reply.headers(identity.attempt, fast.rid))
 
 
 def _new_reply(ctx: ServerContext, identity: Identity, fast: FastRequest, packed: bytes) -> Reply | None:
