@@ -258,6 +258,70 @@ def test_a_trajectorys_prompts_parse_from_the_cache_as_from_their_whole_bodies(l
     assert prompts.hits == 6
 
 
+def test_a_body_taken_before_is_taken_again_from_its_bytes() -> None:
+    """`BodyCache`: a body sent again in the same bytes (a group's samples of one prompt, a retry) is the request
+    the whole body's decoder makes of it, with the rid it sends (or a fresh one when it sends none) and the hint of
+    its own request; a body longer than `LONGEST` is never kept."""
+    profile, vocab, bodies = PROFILES["0.5.23"], 1000, native_fast.BodyCache()
+    plain = json.dumps({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3}}).encode()
+    with_rid = json.dumps({"input_ids": [5, 6, 7], "rid": "r9", "return_logprob": True}).encode()
+    long = json.dumps({"input_ids": [5] * (bodies.LONGEST // 2)}).encode()
+    refused = json.dumps({"input_ids": [5, 6, 7], "stream": True}).encode()
+    sent = [(plain, "t1"), (plain, "t2"), (plain, None), (with_rid, "t1"), (with_rid, None), (long, "t1"),
+            (long, "t2"), (refused, "t1"), (refused, "t1")]
+    made_up = set()
+    for raw, hint in sent:
+        kept = native_fast.accept(raw, hint, profile, native_fast.SamplingCache(), vocab, None, bodies)
+        whole = native_fast.accept(raw, hint, profile, native_fast.SamplingCache(), vocab)
+        assert _fields(kept) == _fields(whole), (raw, hint)
+        if kept is not None and not kept.rid.startswith("r"):
+            made_up.add(kept.rid)
+    assert len(made_up) == 5  # plain three times, long twice: each request its own
+    assert bodies.hits == 3  # plain twice, with_rid once; long is too long and refused is never kept
+    assert set(bodies._parsed) == {plain, with_rid}
+
+
+def test_the_body_cache_stays_within_its_budget() -> None:
+    profile, bodies = PROFILES["0.5.23"], native_fast.BodyCache()
+    bodies.LIMIT, bodies.LIMIT_BYTES = 4, 200
+    for number in range(40):
+        ids = list(range(1, 2 + (number % 7 if number < 20 else number % 3) * 3))  # 7 bodies in turn, then 3
+        raw = json.dumps({"input_ids": ids}).encode()
+        fast = native_fast.accept(raw, "t", profile, native_fast.SamplingCache(), 1000, None, bodies)
+        assert fast is not None and fast.ids == ids
+        assert len(bodies._parsed) <= 4 and bodies.bytes <= 200
+        assert bodies.bytes == sum(len(raw) for raw in bodies._parsed)
+    assert bodies.hits > 0
+
+
+def test_a_groups_samples_of_one_prompt_are_each_their_own_trajectory() -> None:
+    """rlvr-500's groups send one prompt from every sample: the same bytes under each sample's trajectory header.
+    Each is identified as its own sample (log, served headers) and answered as the slow path answers it."""
+    async def run() -> None:
+        ctx = load_context("rlvr-500")
+        app = create_app(ctx)
+        members = [t for t in ctx.store.trajectories if t.group_id == ctx.store.trajectories[0].group_id]
+        assert len(members) > 1 and len({tuple(_ids(t, 0)) for t in members}) == 1
+        body = {"input_ids": _ids(members[0], 0), "sampling_params": dict(members[0].first_sampling_params),
+                "return_logprob": True}
+        for fast in (True, False):
+            ctx.fast_path = fast
+            hits = ctx.replies.bodies.hits
+            answers = []
+            for member in members:
+                answer = await _call(app, body, {"X-Bench-Trajectory": member.id})
+                assert answer.status == 200
+                assert ctx.log.records[-1].trajectory == member.id
+                assert answer.headers["X-Bench-Served-Trajectory"] == member.id
+                answers.append(_normal(answer.body, True))
+            assert ctx.replies.bodies.hits - hits == (len(members) - 1 if fast else 0)
+            if fast:
+                fast_answers = answers
+        assert fast_answers == answers
+
+    asyncio.run(run())
+
+
 def test_the_prompt_cache_stays_within_its_budget() -> None:
     profile, prompts = PROFILES["0.5.23"], native_fast.PromptCache()
     prompts.LIMIT, prompts.LIMIT_BYTES = 4, 3000

@@ -67,7 +67,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         if ctx.fast_path and ctx.upstream is None and not forced:
             fast = accept(raw, request.headers.get(TRAJECTORY_HEADER), ctx.config.profile, ctx.replies.sampling,
-                          ctx.tokenizer.vocab_size, ctx.replies.prompts)
+                          ctx.tokenizer.vocab_size, ctx.replies.prompts, ctx.replies.bodies)
             if fast is not None:
                 return await _generate_fast(request, ctx, fast, arrived)
         body = decode_body(raw)

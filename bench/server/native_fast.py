@@ -232,11 +232,77 @@ class SamplingCache:
         return found
 
 
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """What `accept` makes of one body's bytes, less what each request has of its own (a made-up rid, its hint)."""
+
+    ids: list[int]
+    rid: str | None
+    sampling: dict[str, Any]
+    params: GenerateParams
+    shape: tuple[Any, ...]
+    key: bytes
+    packed: bytes
+
+    def request(self, hint: str | None) -> FastRequest:
+        sent = self.rid
+        return FastRequest(self.ids, fresh_id() if sent is None else sent, hint or sent, self.sampling, self.params,
+                           self.shape, self.key, self.packed)
+
+
+class BodyCache:
+    """Bodies the fast path took, by their bytes: the samples of a group send their turn's prompt in the same bytes
+    (each under its own trajectory header), and a retry sends it again, so only the first is decoded. Short bodies
+    only (hashing a long one's bytes costs what decoding it does: those go to the prompt cache); cleared when
+    full."""
+
+    LIMIT = 4096  # bodies
+    LIMIT_BYTES = 16 * 2**20  # of bodies kept
+    LONGEST = 16 * 2**10  # bytes of a body kept
+
+    def __init__(self) -> None:
+        self._parsed: dict[bytes, _Parsed] = {}
+        self.bytes = 0
+        self.hits = 0
+
+    def get(self, raw: bytes) -> _Parsed | None:
+        """The body taken before with these very bytes; None: not kept."""
+        if len(raw) > self.LONGEST:
+            return None
+        return self._parsed.get(raw)
+
+    def keep(self, raw: bytes, parsed: _Parsed) -> None:
+        if len(raw) > self.LONGEST:
+            return
+        if len(self._parsed) >= self.LIMIT or self.bytes + len(raw) > self.LIMIT_BYTES:
+            self._parsed.clear()
+            self.bytes = 0
+        self._parsed[raw] = parsed
+        self.bytes += len(raw)
+
+
 def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: SamplingCache,
-           vocab_size: int, prompts: PromptCache | None = None) -> FastRequest | None:
+           vocab_size: int, prompts: PromptCache | None = None, bodies: BodyCache | None = None
+           ) -> FastRequest | None:
     """The body as a fast-path request, or None: anything but one prompt of token ids, not streamed, with valid
     sampling parameters, takes the slow path (which rejects, batches, streams, tokenizes as SGLang does). With
-    `prompts`, a trajectory's ids already seen (its previous turn's, a retry's) are not decoded again."""
+    `prompts`, a trajectory's ids already seen (its previous turn's, a retry's) are not decoded again; with `bodies`,
+    a body whose bytes were taken before is not decoded at all."""
+    if bodies is not None:
+        known = bodies.get(raw)
+        if known is not None:
+            bodies.hits += 1
+            return known.request(hint)
+    parsed = _accept(raw, hint, profile, cache, vocab_size, prompts)
+    if parsed is None:
+        return None
+    if bodies is not None:
+        bodies.keep(raw, parsed)
+    return parsed.request(hint)
+
+
+def _accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: SamplingCache,
+            vocab_size: int, prompts: PromptCache | None) -> _Parsed | None:
     found_prompt = prompts.parse(raw, hint, vocab_size) if prompts is not None and hint is not None else None
     if found_prompt is not None:
         body, ids, packed = found_prompt
@@ -263,8 +329,7 @@ def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: Sampling
     start, top = body.logprob_start_len, body.top_logprobs_num
     shape = (bool(body.return_logprob), -1 if start is None else start, 0 if top is None else top,
              bool(body.return_text_in_logprobs), bool(body.return_prompt_token_ids))
-    rid = body.rid
-    return FastRequest(ids, fresh_id() if rid is None else rid, hint or rid, sampling, params, shape, key, packed)
+    return _Parsed(ids, body.rid, sampling, params, shape, key, packed)
 
 
 def native_request(fast: FastRequest) -> NativeRequest:
@@ -367,6 +432,7 @@ class ReplyCache:
         self._replies: OrderedDict[tuple[Any, ...], Reply | None] = OrderedDict()
         self.sampling = SamplingCache()
         self.prompts = PromptCache()
+        self.bodies = BodyCache()
 
     def __len__(self) -> int:
         return len(self._replies)
