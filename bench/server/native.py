@@ -19,7 +19,7 @@ from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_fast import FastRequest, Reply, accept, make_reply, native_request
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
-from .playback import Choice, identified, identified_as, new_record, play, played_at_once, reject, upstream_failed
+from .playback import Choice, identified, new_record, play, played_at_once, reject, upstream_failed
 from .served import SERVED_KEY
 
 
@@ -142,15 +142,16 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
     """One plain request (`native_fast`): logged, identified, decided, in flight and paced as on the slow path, its
     answer spliced into a saved reply. A fault firing, a request that is not a recorded turn, or a turn that is
     refused (context length, a recorded error) continues on the slow path from where this one is."""
-    record = new_record(ctx, request.path, arrived, rid=fast.rid, stream=False, prompt_tokens=len(fast.ids))
+    path = request.path
     if fast.rid in ctx.state.inflight:
+        record = new_record(ctx, path, arrived, rid=fast.rid, stream=False, prompt_tokens=len(fast.ids))
         message = f"Duplicate request ID detected: {fast.rid}"
         reject(ctx, record, 400, message, arrived)
         return wire.value_error(message)
     packed = fast.packed
     identity = ctx.identifier.identify(packed, fast.hint)
     ctx.faults.observe(identity.trajectory, packed, ctx.tokenizer)  # did it act on an earlier faulted answer?
-    decision = ctx.decide(identity, request.path)
+    decision = ctx.decide(identity, path)
     reply = None
     if (identity.drift is None and not identity.resume and identity.turn is not None
             and (decision is None or not any("native" in rule.fault.apis for rule in decision.rules))):
@@ -159,13 +160,18 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
         if reply is False:
             reply = _new_reply(ctx, identity, fast, packed)
             ctx.replies.put(key, reply)
-    identified_as(ctx, record, identity, packed, reply.prompt_digest if reply else None)
+    # logged as `new_record` then `identified_as` would, in one go (nothing above reads or writes the log)
+    record = RequestRecord(arrived, path, fast.rid, identity.trajectory, identity.group, identity.turn,
+                           identity.attempt, identity.drift, identity.by_order, False, None, len(fast.ids))
+    ctx.log.append(record)
+    if record.trajectory is not None:
+        ctx.served.begin(record, packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on
         request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
         parsed = native_request(fast)
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=packed)
-        exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=False, rid=fast.rid,
-                                decision=decision or Decision((), ctx.target(identity, request.path)))
+        exchange = ctx.exchange(generation, api="native", endpoint=path, stream=False, rid=fast.rid,
+                                decision=decision or Decision((), ctx.target(identity, path)))
         prepared = _checked(ctx, parsed, parsed.items[0], record, exchange, arrived)
         return await _answer(request, ctx, parsed, [prepared], arrived)
     await _iterations_later(_SLOW_PATH_HOPS)  # answered as many loop iterations after arriving as on the slow path
