@@ -178,13 +178,15 @@ class ServedTokens:
     def begin(self, record: RequestRecord, prompt: bytes, prompt_digest: bytes | None = None) -> ServedEntry:
         """Register an identified request (prompt as packed int32) and find the request it continues;
         `prompt_digest`: the prompt's digest, when known (its answer then knows the whole context's: `PackedAnswer`)."""
-        at = self._base + len(self.entries)  # `len(self)`, without the method call (once per request)
+        entries = self.entries
+        index = self._base + len(entries)  # `len(self)`, without the method call (once per request)
+        size = len(prompt) // _INT32
+        # positional (parent None, root itself, link ROOT, nothing played yet): keywords cost more to match
         if prompt_digest is None:
             hashed = context_hash(prompt)  # kept: `finish` adds the output, not the prompt again
-            entry = ServedEntry(at, record, len(prompt) // _INT32, context_digest=hashed.digest(), prompt_hash=hashed)
+            entry = ServedEntry(index, record, size, None, index, ROOT, 0, 0, False, False, hashed.digest(), hashed)
         else:
-            entry = ServedEntry(at, record, len(prompt) // _INT32, context_digest=prompt_digest)
-        index = entry.root = entry.index
+            entry = ServedEntry(index, record, size, None, index, ROOT, 0, 0, False, False, prompt_digest)
         trajectory = record.trajectory
         if trajectory is not None:
             # `get` before making an empty list or dict: a benchmark repeats a trajectory's turn thousands of times
@@ -194,14 +196,16 @@ class ServedTokens:
             by_length = self._by_prompt_len.get(trajectory)
             if by_length is None:
                 by_length = self._by_prompt_len[trajectory] = {}
-            size = entry.prompt_len
-            shorter = self._shorter(by_length, size) if by_length else None
+            # only a shorter prompt can be continued: none when the trajectory has sent this length only (a turn's
+            # retries), else `_shorter` finds them
+            shorter = self._shorter(by_length, size) if by_length and not (
+                len(by_length) == 1 and size in by_length) else None
             if shorter:  # else it continues nothing (a trajectory's first turn, and every retry of it)
                 entry.parent, entry.link = self._parent_of(shorter, prompt)
-            if entry.parent is not None:
-                parent = self._at(entry.parent)
-                assert parent is not None  # found among the kept entries
-                entry.root, entry.family = parent.root, parent.family
+                if entry.parent is not None:
+                    parent = self._at(entry.parent)
+                    assert parent is not None  # found among the kept entries
+                    entry.root, entry.family = parent.root, parent.family
             siblings.append(index)
             same = by_length.get(size)
             if same is None:
@@ -210,12 +214,12 @@ class ServedTokens:
                 same.append(index)
         if entry.parent is None and record.by_order and record.group is not None:
             entry.family = record.group
-        self.entries.append(entry)
+        entries.append(entry)
         if entry.family is not None:
-            self._by_family.setdefault(entry.family, []).append(entry.index)
-        self._by_record[id(record)] = entry.index
+            self._by_family.setdefault(entry.family, []).append(index)
+        self._by_record[id(record)] = index
         record.served_tokens = 0
-        if over_window(len(self.entries), self.window):
+        if self.window is not None and over_window(len(entries), self.window):
             self._evict()
         return entry
 
