@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from aiohttp import web
+from aiohttp.hdrs import CONTENT_TYPE
 
 from bench.records.attribution import TRAJECTORY_HEADER
 from bench.records.request_log import RequestRecord
@@ -38,7 +39,7 @@ from .openai_fast import ChatReply, FastChat, make_reply
 from .openai_format import OpenAIFormatter
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate
 from .openai_stream import play_choice, stream_choices, wire_faults
-from .playback import Choice, identified, identified_as, new_record, play, played_at_once, reject, upstream_failed
+from .playback import Choice, identified, new_record, play, played_at_once, reject, upstream_failed
 from .served import SERVED_KEY
 
 Parser = Callable[[dict[str, Any], str, ByteBPETokenizer], OpenAIRequest]
@@ -291,10 +292,14 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
             reply = _new_chat_reply(ctx, identity, fast)
             if fast.kept:  # else no later request can name it
                 ctx.chat_replies.put(key, reply, fast.size)
-    record = new_record(ctx, path, arrived, rid=rid, stream=False, prompt_tokens=len(fast.ids))
-    request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
-    identified_as(ctx, record, identity, fast.packed, reply.prompt_digest if reply else None)
+    # logged as `new_record` then `identified_as` would, in one go (nothing above reads or writes the log)
+    record = RequestRecord(arrived, path, rid, identity.trajectory, identity.group, identity.turn, identity.attempt,
+                           identity.drift, identity.by_order, False, None, len(fast.ids))
+    ctx.log.append(record)
+    if record.trajectory is not None:
+        ctx.served.begin(record, fast.packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on
+        request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer,
                                       seed_bytes=fast.packed)
         exchange = ctx.exchange(generation, api="openai", endpoint=path, stream=False, rid=rid,
@@ -308,6 +313,7 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
     response_id = base_id if not vllm else _PREFIX["chat"] + base_id
     if not (reply.instant and played_at_once(ctx, record, identity, rid, fast.ids, reply.served, reply.finish,
                                              arrived)):
+        request[SERVED_KEY] = [record]  # for the answer below that does not take the saved reply's headers
         generation = reply.generation_for(identity)
         played = await play(ctx, Choice(0, fast.ids, generation, rid, record, None, parsed.logprobs, reply.served),
                             arrived)
@@ -316,7 +322,8 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
             formatter = OpenAIFormatter(flavor, parsed, ctx.tokenizer, ctx.config.model_name, response_id)
             body = formatter.chat_body(fast.ids, [settled], ctx.state.weight_version)
             return web.Response(body=transport.encode(body, None), content_type=wire.JSON)
-    return web.Response(body=reply.body(response_id, ctx.state.weight_version), content_type=wire.JSON)
+    return web.Response(body=reply.body(response_id, ctx.state.weight_version),
+                        headers=[(CONTENT_TYPE, wire.JSON), *served.served_header_pairs(record)])
 
 
 def _new_chat_reply(ctx: ServerContext, identity: Identity, fast: FastChat) -> ChatReply | None:

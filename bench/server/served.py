@@ -12,6 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
+from bench.records.request_log import RequestRecord
+
 from bench.records.attribution import (
     SERVED_ATTEMPT_HEADER,
     SERVED_REQUEST_HEADER,
@@ -21,6 +23,17 @@ from bench.records.attribution import (
 
 # the request's log records, in the order they were identified (a typed key where aiohttp has them)
 SERVED_KEY: Any = web.RequestKey("rollout_bench_served", list) if hasattr(web, "RequestKey") else "rollout_bench_served"
+
+
+def served_header_pairs(record: RequestRecord) -> list[tuple[str, str]]:
+    """The headers naming what one identified record's answer served: its trajectory, turn, attempt and request id."""
+    turn, attempt = record.turn, record.attempt
+    pairs = [(SERVED_TRAJECTORY_HEADER, str(record.trajectory)),
+             (SERVED_TURN_HEADER, "" if turn is None else str(turn)),
+             (SERVED_ATTEMPT_HEADER, "" if attempt is None else str(attempt))]
+    if record.rid:
+        pairs.append((SERVED_REQUEST_HEADER, str(record.rid)))
+    return pairs
 
 
 def add_served_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -33,14 +46,7 @@ def add_served_headers(request: web.Request, response: web.StreamResponse) -> No
         return
     if len(records) != 1 or records[0].trajectory is None:  # one identified record, or the answer names none
         return
-    record = records[0]
-    turn, attempt = record.turn, record.attempt
-    served = [(SERVED_TRAJECTORY_HEADER, str(record.trajectory)),
-              (SERVED_TURN_HEADER, "" if turn is None else str(turn)),
-              (SERVED_ATTEMPT_HEADER, "" if attempt is None else str(attempt))]
-    if record.rid:
-        served.append((SERVED_REQUEST_HEADER, str(record.rid)))
-    response.headers.update(served)  # each replaced, as setting it one by one would
+    response.headers.update(served_header_pairs(records[0]))  # each replaced, as setting it one by one would
 
 
 async def prepare(response: web.StreamResponse, request: web.Request) -> None:
