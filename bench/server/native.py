@@ -19,7 +19,16 @@ from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_fast import FastRequest, Reply, accept, make_reply, native_request
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
-from .playback import Choice, identified, new_record, play, played_at_once, reject, upstream_failed
+from .playback import (
+    Choice,
+    identified,
+    logged_identified,
+    new_record,
+    play,
+    played_at_once,
+    reject,
+    upstream_failed,
+)
 from .served import SERVED_KEY
 
 
@@ -160,10 +169,7 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
         if reply is False:
             reply = _new_reply(ctx, identity, fast, packed)
             ctx.replies.put(key, reply)
-    # logged as `new_record` then `identified_as` would, in one go (nothing above reads or writes the log)
-    record = RequestRecord(arrived, path, fast.rid, identity.trajectory, identity.group, identity.turn,
-                           identity.attempt, identity.drift, identity.by_order, False, None, len(fast.ids))
-    ctx.log.append(record)
+    record = logged_identified(ctx, path, arrived, fast.rid, identity, len(fast.ids))
     if record.trajectory is not None:
         ctx.served.begin(record, packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on

@@ -39,7 +39,16 @@ from .openai_fast import ChatReply, FastChat, make_reply
 from .openai_format import OpenAIFormatter
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate
 from .openai_stream import play_choice, stream_choices, wire_faults
-from .playback import Choice, identified, new_record, play, played_at_once, reject, upstream_failed
+from .playback import (
+    Choice,
+    identified,
+    logged_identified,
+    new_record,
+    play,
+    played_at_once,
+    reject,
+    upstream_failed,
+)
 from .served import SERVED_KEY
 
 Parser = Callable[[dict[str, Any], str, ByteBPETokenizer], OpenAIRequest]
@@ -292,10 +301,7 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
             reply = _new_chat_reply(ctx, identity, fast)
             if fast.kept:  # else no later request can name it
                 ctx.chat_replies.put(key, reply, fast.size)
-    # logged as `new_record` then `identified_as` would, in one go (nothing above reads or writes the log)
-    record = RequestRecord(arrived, path, rid, identity.trajectory, identity.group, identity.turn, identity.attempt,
-                           identity.drift, identity.by_order, False, None, len(fast.ids))
-    ctx.log.append(record)
+    record = logged_identified(ctx, path, arrived, rid, identity, len(fast.ids))
     if record.trajectory is not None:
         ctx.served.begin(record, fast.packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on

@@ -61,6 +61,16 @@ def new_record(ctx: ServerContext, endpoint: str, arrived: float, *, rid: str | 
     return record
 
 
+def logged_identified(ctx: ServerContext, endpoint: str, arrived: float, rid: str, identity: Identity,
+                      prompt_tokens: int) -> RequestRecord:
+    """`new_record` then the record fields `identified_as` sets, in one positional construction (the fast paths log
+    a request once it is identified: nothing between its arrival and then reads or writes the log)."""
+    record = RequestRecord(arrived, endpoint, rid, identity.trajectory, identity.group, identity.turn, identity.attempt,
+                           identity.drift, identity.by_order, False, None, prompt_tokens)
+    ctx.log.append(record)
+    return record
+
+
 def identified(ctx: ServerContext, record: RequestRecord, generation: Generation, prompt_ids: list[int]) -> None:
     """Log the trajectory, turn and attempt the request was taken to be; when it is a trajectory's turn, keep
     what it will be served (`served_tokens`)."""
