@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution  # asyncio's loops' (another loop may not say)
 _IDLE_POLL_S = 0.1  # how often a hold looks at whether anything else is still generating
 VERSION_HISTORY = 4096  # weight-version changes kept (`version_at`): a long-lived server keeps the latest
 
@@ -118,7 +119,7 @@ class SharedTimer:
         self._handle, self._at = None, math.inf
         loop, heap = self._loop, self._heap
         assert loop is not None
-        end = loop.time() + loop._clock_resolution  # type: ignore[attr-defined]  # the loop's own test for a timer
+        end = loop.time() + getattr(loop, "_clock_resolution", _CLOCK_RESOLUTION)  # the loop's own test for a timer
         while heap and (heap[0][0] < end or heap[0][2].done()):
             waiter = heapq.heappop(heap)[2]
             if not waiter.done():
