@@ -80,7 +80,8 @@ class SharedTimer:
     tuple on a heap of its own (compared in C); the one loop timer fires at the earliest and expires every
     deadline the loop's own rule says is due (`when < now + clock resolution`), in deadline order, as their own
     timers would have in that iteration. A waiter set before its deadline (an abort, a pause) or cancelled stays on
-    the heap until the deadline passes, as a cancelled loop timer stays on the loop's."""
+    the heap, as a cancelled loop timer stays on the loop's, until its deadline passes or it comes first on the
+    heap when the timer fires."""
 
     __slots__ = ("_heap", "_handle", "_at", "_loop", "_order")
 
