@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import heapq
+import itertools
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution  # asyncio's loops' (another loop may not say)
 _IDLE_POLL_S = 0.1  # how often a hold looks at whether anything else is still generating
 VERSION_HISTORY = 4096  # weight-version changes kept (`version_at`): a long-lived server keeps the latest
 
@@ -41,14 +45,18 @@ class Wake:
     def clear(self) -> None:
         self._value = False
 
-    async def wait(self, timeout: float | None = None) -> bool:
+    async def wait(self, timeout: float | None = None, timers: SharedTimer | None = None) -> bool:
         """Until set (True), or `timeout` seconds passed first (False); woken in the loop iteration after either,
-        as `asyncio.timeout` around `Event.wait` woke it."""
+        as `asyncio.timeout` around `Event.wait` woke it. `timers`: the deadline goes on that shared timer (a
+        server's, `ServerState.timers`) instead of a loop timer of its own."""
         if self._value:
             return True
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+        timer = None
+        if timeout is not None:
+            if timers is None or not timers.expire(loop, loop.time() + timeout, waiter):
+                timer = loop.call_later(timeout, _expire, waiter)
         try:
             return await waiter
         finally:
@@ -61,6 +69,64 @@ class Wake:
 def _expire(waiter: asyncio.Future[bool]) -> None:
     if not waiter.done():
         waiter.set_result(False)
+
+
+class SharedTimer:
+    """The deadlines of a server's paced answers, on one loop timer armed for the earliest.
+
+    Every paced answer waits twice (its first token, the rest), so a run of thousands of answers made thousands of
+    loop timers: each a `TimerHandle`, pushed on and popped off the loop's heap with a Python `__lt__` per
+    comparison (72,000 of them in a run of agentic-500 at time scale 0.05), then cancelled. Here a deadline is a
+    tuple on a heap of its own (compared in C); the one loop timer fires at the earliest and expires every
+    deadline the loop's own rule says is due (`when < now + clock resolution`), in deadline order, as their own
+    timers would have in that iteration. A waiter set before its deadline (an abort, a pause) or cancelled stays on
+    the heap, as a cancelled loop timer stays on the loop's, until its deadline passes or it comes first on the
+    heap when the timer fires."""
+
+    __slots__ = ("_heap", "_handle", "_at", "_loop", "_order")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, asyncio.Future[bool]]] = []
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = math.inf  # when the armed loop timer fires
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._order = itertools.count()  # equal deadlines expire in the order they were set
+
+    def expire(self, loop: asyncio.AbstractEventLoop, when: float, waiter: asyncio.Future[bool]) -> bool:
+        """Resolve `waiter` with False at loop time `when` (unless done by then); False if this timer serves
+        another loop's live deadlines (the caller then sets a timer of its own)."""
+        if loop is not self._loop and not self._adopt(loop):
+            return False
+        heapq.heappush(self._heap, (when, next(self._order), waiter))
+        if when < self._at:
+            self._arm(loop, when)
+        return True
+
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Serve `loop` from now on, unless a deadline of the loop served so far is still awaited."""
+        if any(not waiter.done() for _, _, waiter in self._heap):
+            return False
+        if self._handle is not None:
+            self._handle.cancel()
+        self._heap, self._handle, self._at, self._loop = [], None, math.inf, loop
+        return True
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle, self._at = loop.call_at(when, self._fire), when
+
+    def _fire(self) -> None:
+        self._handle, self._at = None, math.inf
+        loop, heap = self._loop, self._heap
+        assert loop is not None
+        end = loop.time() + getattr(loop, "_clock_resolution", _CLOCK_RESOLUTION)  # the loop's own test for a timer
+        while heap and (heap[0][0] < end or heap[0][2].done()):
+            waiter = heapq.heappop(heap)[2]
+            if not waiter.done():
+                waiter.set_result(False)
+        if heap:
+            self._arm(loop, heap[0][0])
 
 
 @dataclass
@@ -86,6 +152,7 @@ class ServerState:
         self.inflight: dict[str, InFlight] = {}
         self.waiting = 0
         self.workers_available = True  # False: the router surface answers no-available-workers
+        self.timers = SharedTimer()  # the paced answers' deadlines (`Pacer.sleep`)
 
     @property
     def weight_version(self) -> str:
@@ -206,7 +273,7 @@ class Pacer:
                 return True
             started = time.monotonic()
             self._entry.wake.clear()
-            await self._entry.wake.wait(remaining)  # no task, no timeout context: one future and one timer
+            await self._entry.wake.wait(remaining, self._state.timers)  # one future; the deadline on the shared timer
             spent = time.monotonic() - started
             self.active += min(spent, remaining)
             remaining -= spent
