@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import MISSING, fields
+from operator import attrgetter
 from typing import Any
 
 from aiohttp import web
@@ -12,6 +14,7 @@ from bench.records.attribution import TRAJECTORY_HEADER
 from bench.records.request_log import RequestRecord
 from bench.replay import Generation, Identity, build_generation, context_error
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
+from faults.exchange import Transport as FaultTransport
 from faults.engine import Decision
 
 from . import transport, wire
@@ -153,9 +156,9 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
     ctx.faults.observe(identity.trajectory, packed, ctx.tokenizer)  # did it act on an earlier faulted answer?
     decision = ctx.decide(identity, request.path)
     reply = None
-    if (identity.drift is None and not identity.resume and identity.turn is not None
-            and (decision is None or not any("native" in rule.fault.apis for rule in decision.rules))):
-        key = (identity.trajectory, identity.turn, fast.key, fast.shape)
+    recorded_turn = identity.drift is None and not identity.resume and identity.turn is not None
+    key = (identity.trajectory, identity.turn, fast.key, fast.shape)
+    if recorded_turn and (decision is None or not any("native" in rule.fault.apis for rule in decision.rules)):
         reply = ctx.replies.get(key)
         if reply is False:
             reply = _new_reply(ctx, identity, fast, packed)
@@ -166,6 +169,9 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=packed)
         exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=False, rid=fast.rid,
                                 decision=decision or Decision((), ctx.target(identity, request.path)))
+        saved = ctx.replies.peek(key) if recorded_turn and decision is not None else None
+        if saved and saved.instant and _spliceable(exchange, saved.generation):
+            return await _faulted_splice(request, ctx, fast, record, exchange, saved, arrived)
         prepared = _checked(ctx, parsed, parsed.items[0], record, exchange, arrived)
         return await _answer(request, ctx, parsed, [prepared], arrived)
     await _iterations_later(_SLOW_PATH_HOPS)  # answered as many loop iterations after arriving as on the slow path
@@ -182,6 +188,55 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
             return web.Response(body=transport.encode(item, None), content_type=wire.JSON)
     return web.Response(body=reply.body(fast.rid, ctx.state.weight_version, time.time() - arrived),
                         content_type=wire.JSON)
+
+
+def _answer_fields(generation: Generation) -> tuple[Any, ...]:
+    """What a native body and its pacing take from a generation (its identity aside)."""
+    return (generation.output_ids, generation.logprobs, generation.text, generation.finish_reason,
+            generation.prompt_tokens, generation.cached_tokens, generation.ttft, generation.total,
+            generation.error_status)
+
+
+# An exchange's fields a fault may have set and the saved reply still answers (`_spliceable`): the version it
+# reports goes where the saved reply's version goes; a content type, a cut or truncated body are how it travels.
+# Every other field must be as a blank exchange has it, so a field added later keeps its answers on the slow path.
+_GIVEN = frozenset({"api", "flavor", "endpoint", "stream", "generation", "weight_version", "context_length",
+                    "tokenizer", "tools", "rng", "transport"})
+_SPLICED = frozenset({"reported_weight_version", "content_type", "corrupt_json"})
+_UNSET = tuple((f.name, f.default) for f in fields(Exchange) if f.name not in _GIVEN | _SPLICED)
+_UNSET_TRANSPORT = tuple((f.name, f.default) for f in fields(FaultTransport) if f.name != "truncate_at")
+assert all(default is not MISSING for _, default in _UNSET + _UNSET_TRANSPORT), "a blank exchange's own values"
+_exchange_unset = attrgetter(*(name for name, _ in _UNSET))
+_transport_unset = attrgetter(*(name for name, _ in _UNSET_TRANSPORT))
+_EXCHANGE_BLANK = tuple(default for _, default in _UNSET)
+_TRANSPORT_BLANK = tuple(default for _, default in _UNSET_TRANSPORT)
+
+
+def _spliceable(exchange: Exchange, saved: Generation) -> bool:
+    """Whether the faults left a non-streamed answer the saved reply's body (made from `saved`, unfaulted) but for
+    the fields `_faulted_splice` puts in: nothing replaces, refuses, drops, delays or aborts it, its logprobs and
+    version are shown as they are, and its generation is the saved one's."""
+    return (_exchange_unset(exchange) == _EXCHANGE_BLANK and _transport_unset(exchange.transport) == _TRANSPORT_BLANK
+            and _answer_fields(exchange.generation) == _answer_fields(saved))
+
+
+async def _faulted_splice(request: web.Request, ctx: ServerContext, fast: FastRequest, record: RequestRecord,
+                          exchange: Exchange, saved: Reply, arrived: float) -> web.StreamResponse:
+    """A faulted plain request whose faults left its body the unfaulted one but for the reported weight version, or
+    changed only how it travels (content type, a cut or truncated body; stream faults on a whole answer): the saved
+    reply's bytes, as the slow path would format them, sent the slow path's way, as many loop iterations later.
+    The record, outcome and served tokens are those `play` keeps (the reported version with them)."""
+    await _iterations_later(_SLOW_PATH_HOPS)
+    if not played_at_once(ctx, record, exchange.generation.identity, fast.rid, fast.ids, saved.served, saved.finish,
+                          arrived):  # paused: `play` waits for generation to continue, as on the slow path
+        parsed = native_request(fast)
+        played = await _played_item(ctx, parsed, parsed.items[0], record, exchange, arrived)
+        return await transport.send_body(request, transport.encode(played, exchange), exchange)
+    version = exchange.reported_weight_version or ctx.state.weight_version
+    if record.weight_version is not None:  # its served tokens were kept (`play` keeps the version it reported)
+        record.weight_version = version
+    body = saved.body(fast.rid, version, time.time() - arrived)
+    return await transport.send_body(request, transport.corrupted(body) if exchange.corrupt_json else body, exchange)
 
 
 def _new_reply(ctx: ServerContext, identity: Identity, fast: FastRequest, packed: bytes) -> Reply | None:
@@ -273,7 +328,16 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
         reject(ctx, record, 200, "aborted in the waiting queue", arrived, generation)
         record.finish = "abort"
         return formatter.queued_abort(item.rid, time.time() - arrived)
+    return await _played_item(ctx, parsed, item, record, exchange, arrived, formatter)
+
+
+async def _played_item(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, record: RequestRecord,
+                       exchange: Exchange, arrived: float, formatter: NativeFormatter | None = None) -> dict[str, Any]:
+    """The item played in time, then formatted as it ended (whole, aborted, or aborted while queued)."""
+    generation = exchange.generation
     played = await play(ctx, _choice(parsed, item, record, exchange), arrived)
+    if formatter is None:
+        formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version, exchange)
     formatter.weight_version = ctx.state.weight_version
     e2e = time.time() - arrived
     if played.queued:
