@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench.server import native
+from bench.server import PROFILES, native
 from bench.server.app import create_app, load_context
 from faults import plan_from_specs
 from tests.server_helpers import turn_input
@@ -27,17 +27,18 @@ CASES = [
     (["wrong_content_type"], True),
     (["stream_cut", "stream_no_finish_reason"], True),  # a whole answer: no effect, but logged
     (["stale_weight_version", "malformed_json", "wrong_content_type"], True),
-    (["missing_weight_version"], False),
+    (["missing_weight_version"], True),
+    (["missing_weight_version", "stale_weight_version", "malformed_json"], True),
     (["missing_logprobs"], False),
     (["stale_weight_version", "abort"], False),
     (["truncated_body"], True),
 ]
 
 
-async def _run(rules: list[str], fast: bool) -> tuple[list[Any], list[Any], list[Any]]:
+async def _run(rules: list[str], fast: bool, profile: str | None = None) -> tuple[list[Any], list[Any], list[Any]]:
     """Each request's answer (or that the connection was dropped), every log row and every fault event."""
     specs = [f"{rule}:attempts=2" for rule in rules]  # a retry: its first attempt saved the reply
-    ctx = load_context(TRACE, plan=plan_from_specs(specs, seed=3))
+    ctx = load_context(TRACE, plan=plan_from_specs(specs, seed=3), **({"sglang_version": profile} if profile else {}))
     ctx.fast_path = fast
     app = create_app(ctx)
     app.freeze()  # as a running server's: a streamed (truncated) answer sends its prepare signal
@@ -58,9 +59,16 @@ async def _run(rules: list[str], fast: bool) -> tuple[list[Any], list[Any], list
     return answers, rows, events
 
 
-@pytest.mark.parametrize("rules,spliced", CASES, ids=["+".join(r) for r, _ in CASES])
+PROFILE_CASES = [(rules, spliced, profile) for rules, spliced in CASES[:1] + CASES[5:7] for profile in sorted(PROFILES)]
+
+
+@pytest.mark.parametrize("rules,spliced,profile", [(r, s, None) for r, s in CASES] + PROFILE_CASES,
+                         ids=["+".join(r) + (f"@{p}" if p else "") for r, _, p in
+                              [(r, s, None) for r, s in CASES] + PROFILE_CASES])
 def test_a_faulted_answer_spliced_into_the_saved_reply_is_the_slow_paths(rules: list[str], spliced: bool,
+                                                                         profile: str | None,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every profile: those without a `weight_version` field (0.4.10) have no version to report or leave out."""
     calls = []
     splice = native._faulted_splice
 
@@ -71,9 +79,9 @@ def test_a_faulted_answer_spliced_into_the_saved_reply_is_the_slow_paths(rules: 
     monkeypatch.setattr(native, "_faulted_splice", counted)
     # one clock for both: a cut body (malformed_json) ends where the body's length says, which its latency fields move
     monkeypatch.setattr(time, "time", lambda: 1_750_000_000.0)
-    slow = asyncio.run(_run(rules, fast=False))
+    slow = asyncio.run(_run(rules, False, profile))
     assert not calls
-    fast = asyncio.run(_run(rules, fast=True))
+    fast = asyncio.run(_run(rules, True, profile))
     assert fast[0] == slow[0]
     assert fast[1] == slow[1]
     assert fast[2] == slow[2]

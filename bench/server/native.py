@@ -8,6 +8,7 @@ from dataclasses import MISSING, fields
 from operator import attrgetter
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from bench.records.attribution import TRAJECTORY_HEADER
@@ -20,7 +21,7 @@ from faults.engine import Decision
 from . import transport, wire
 from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
-from .native_fast import FastRequest, Reply, accept, make_reply, native_request
+from .native_fast import VERSION, FastRequest, Reply, accept, make_reply, native_request
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
 from .playback import Choice, identified, identified_as, new_record, play, played_at_once, reject, upstream_failed
 from .served import SERVED_KEY
@@ -165,13 +166,13 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
             ctx.replies.put(key, reply)
     identified_as(ctx, record, identity, packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on
-        parsed = native_request(fast)
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=packed)
         exchange = ctx.exchange(generation, api="native", endpoint=request.path, stream=False, rid=fast.rid,
                                 decision=decision or Decision((), ctx.target(identity, request.path)))
         saved = ctx.replies.peek(key) if recorded_turn and decision is not None else None
-        if saved and saved.instant and _spliceable(exchange, saved.generation):
+        if saved and saved.instant and _spliceable(exchange, saved):
             return await _faulted_splice(request, ctx, fast, record, exchange, saved, arrived)
+        parsed = native_request(fast)
         prepared = _checked(ctx, parsed, parsed.items[0], record, exchange, arrived)
         return await _answer(request, ctx, parsed, [prepared], arrived)
     await _iterations_later(_SLOW_PATH_HOPS)  # answered as many loop iterations after arriving as on the slow path
@@ -198,11 +199,12 @@ def _answer_fields(generation: Generation) -> tuple[Any, ...]:
 
 
 # An exchange's fields a fault may have set and the saved reply still answers (`_spliceable`): the version it
-# reports goes where the saved reply's version goes; a content type, a cut or truncated body are how it travels.
+# reports goes where the saved reply's version goes, or the key goes with it; a content type, a cut or truncated
+# body are how it travels.
 # Every other field must be as a blank exchange has it, so a field added later keeps its answers on the slow path.
 _GIVEN = frozenset({"api", "flavor", "endpoint", "stream", "generation", "weight_version", "context_length",
                     "tokenizer", "tools", "rng", "transport"})
-_SPLICED = frozenset({"reported_weight_version", "content_type", "corrupt_json"})
+_SPLICED = frozenset({"reported_weight_version", "omit_weight_version", "content_type", "corrupt_json"})
 _UNSET = tuple((f.name, f.default) for f in fields(Exchange) if f.name not in _GIVEN | _SPLICED)
 _UNSET_TRANSPORT = tuple((f.name, f.default) for f in fields(FaultTransport) if f.name != "truncate_at")
 assert all(default is not MISSING for _, default in _UNSET + _UNSET_TRANSPORT), "a blank exchange's own values"
@@ -212,12 +214,21 @@ _EXCHANGE_BLANK = tuple(default for _, default in _UNSET)
 _TRANSPORT_BLANK = tuple(default for _, default in _UNSET_TRANSPORT)
 
 
-def _spliceable(exchange: Exchange, saved: Generation) -> bool:
-    """Whether the faults left a non-streamed answer the saved reply's body (made from `saved`, unfaulted) but for
-    the fields `_faulted_splice` puts in: nothing replaces, refuses, drops, delays or aborts it, its logprobs and
-    version are shown as they are, and its generation is the saved one's."""
+def _spliceable(exchange: Exchange, saved: Reply) -> bool:
+    """Whether the faults left a non-streamed answer the saved reply's body (made from its generation, unfaulted) but
+    for the fields `_faulted_splice` puts in: nothing replaces, refuses, drops, delays or aborts it, its logprobs are
+    shown as they are, and its generation is the saved one's."""
     return (_exchange_unset(exchange) == _EXCHANGE_BLANK and _transport_unset(exchange.transport) == _TRANSPORT_BLANK
-            and _answer_fields(exchange.generation) == _answer_fields(saved))
+            and _answer_fields(exchange.generation) == _answer_fields(saved.generation)
+            and (not exchange.omit_weight_version or _VERSION_SLOT not in saved.order
+                 or saved.pieces[saved.order.index(_VERSION_SLOT)].endswith(_VERSION_KEY)))
+
+
+# the saved reply's weight version with its key (after the `id` key: never an object's first), which a
+# `missing_weight_version` answer leaves out; outside a JSON string, where a quote is never bare, it is only there
+_VERSION_KEY = b',"weight_version":'
+_VERSION_SLOT = 1  # the version's place in `Reply.order` (a profile without the field has none: nothing to leave out)
+_VERSION_ENTRY = _VERSION_KEY + msgspec.json.encode(VERSION)
 
 
 async def _faulted_splice(request: web.Request, ctx: ServerContext, fast: FastRequest, record: RequestRecord,
@@ -232,10 +243,13 @@ async def _faulted_splice(request: web.Request, ctx: ServerContext, fast: FastRe
         parsed = native_request(fast)
         played = await _played_item(ctx, parsed, parsed.items[0], record, exchange, arrived)
         return await transport.send_body(request, transport.encode(played, exchange), exchange)
-    version = exchange.reported_weight_version or ctx.state.weight_version
+    version = None if exchange.omit_weight_version else exchange.reported_weight_version or ctx.state.weight_version
     if record.weight_version is not None:  # its served tokens were kept (`play` keeps the version it reported)
         record.weight_version = version
-    body = saved.body(fast.rid, version, time.time() - arrived)
+    if version is None:
+        body = saved.body(fast.rid, VERSION, time.time() - arrived).replace(_VERSION_ENTRY, b"", 1)
+    else:
+        body = saved.body(fast.rid, version, time.time() - arrived)
     return await transport.send_body(request, transport.corrupted(body) if exchange.corrupt_json else body, exchange)
 
 
