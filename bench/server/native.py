@@ -155,7 +155,7 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
     packed = fast.packed
     identity = ctx.identifier.identify(packed, fast.hint)
     ctx.faults.observe(identity.trajectory, packed, ctx.tokenizer)  # did it act on an earlier faulted answer?
-    decision = ctx.decide(identity, request.path)
+    decision = ctx.decide(identity, request.path, "native")
     reply = None
     recorded_turn = identity.drift is None and not identity.resume and identity.turn is not None
     key = (identity.trajectory, identity.turn, fast.key, fast.shape)
