@@ -88,3 +88,46 @@ def test_a_faulted_answer_spliced_into_the_saved_reply_is_the_slow_paths(rules: 
     faulted = {(trajectory, turn, attempt) for _, _, trajectory, turn, attempt, _ in slow[2]}
     assert len(faulted) == len(slow[0]) // 2 and {attempt for *_, attempt in faulted} == {2}  # every retry, logged
     assert len(calls) == (len(faulted) if spliced else 0)
+
+
+async def _paused_retry(rule: str, fast: bool) -> tuple[Any, ...]:
+    """A trajectory's turn answered once, then its faulted retry sent while generation is paused (in place), and
+    generation resumed: the answer, the log rows and the fault events."""
+    ctx = load_context(TRACE, plan=plan_from_specs([f"{rule}:attempts=2"], seed=3))
+    ctx.fast_path = fast
+    app = create_app(ctx)
+    app.freeze()
+    trajectory = ctx.store.trajectories[0]
+    body = {"input_ids": turn_input(trajectory, 0), "return_logprob": True,
+            "sampling_params": dict(trajectory.first_sampling_params)}
+    headers = {"X-Bench-Trajectory": trajectory.id}
+    await _call(app, body, headers)
+    ctx.state.pause("in_place")
+    retry = asyncio.ensure_future(_call(app, body, headers))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not retry.done()  # waiting for generation to continue
+    ctx.state.resume()
+    answer = await retry
+    rows = [_log_row(ctx, index, False) for index in range(len(ctx.log))]
+    events = [(e.rule, e.fault, e.trajectory, e.turn, e.attempt, e.change) for e in ctx.faults.log.events]
+    return (answer.status, answer.content_type, _normal(answer.body, True)), rows, events
+
+
+@pytest.mark.parametrize("rule", ["stale_weight_version", "missing_weight_version"])
+def test_a_spliceable_retry_while_generation_is_paused_waits_and_answers_as_the_slow_path(
+        rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    splice = native._faulted_splice
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return await splice(*args, **kwargs)
+
+    monkeypatch.setattr(native, "_faulted_splice", counted)
+    monkeypatch.setattr(time, "time", lambda: 1_750_000_000.0)
+    slow = asyncio.run(_paused_retry(rule, False))
+    fast = asyncio.run(_paused_retry(rule, True))
+    assert calls == [1]
+    assert fast == slow
+    assert len(slow[2]) == 1
