@@ -95,15 +95,16 @@ class FaultEngine:
         return Decision(tuple(forced) + fired if forced else fired, target)
 
     def fired_at(self, trajectory: str, index: int | None, group: str | None, turn: int, attempt: int,
-                 endpoint: str) -> tuple[Rule, ...]:
+                 endpoint: str, api: str | None = None) -> tuple[Rule, ...]:
         """`decide(Target(...)).rules`, without making the target or the decision (the server's fast path asks this
-        on every request, and nearly always nothing fires)."""
+        on every request, and nearly always nothing fires). With `api`, less the rules whose fault does not act on
+        that API (`apply` passes them by: deciding them would only cost their hash)."""
         plan = self.plan
         elapsed = self.elapsed(plan)
         compiled = self._compiled
         if compiled is None or compiled.plan is not plan:
             compiled = self._compiled = CompiledPlan(plan)
-        return compiled.fired_fields(trajectory, index, group, turn, attempt, endpoint, elapsed)
+        return compiled.fired_fields(trajectory, index, group, turn, attempt, endpoint, elapsed, api=api)
 
     def apply(self, decision: Decision, exchange: Exchange, request_id: str) -> None:
         """Apply each fired rule to the exchange and log what it changed.
@@ -194,14 +195,16 @@ class CompiledPlan:
                                  target.endpoint, elapsed, target)
 
     def fired_fields(self, trajectory: str, index: int | None, group: str | None, turn: int, attempt: int,
-                     endpoint: str, elapsed: float, target: Target | None = None) -> tuple[Rule, ...]:
-        """The rules that fire for the target of these fields (made only if a rule's schedule needs it whole)."""
+                     endpoint: str, elapsed: float, target: Target | None = None, *, api: str | None = None
+                     ) -> tuple[Rule, ...]:
+        """The rules that fire for the target of these fields (made only if a rule's schedule needs it whole); with
+        `api`, only those whose fault acts on that API."""
         if not self.rules:
             return ()
-        place = (trajectory, index, group, turn, endpoint)
+        place = (trajectory, index, group, turn, endpoint, api)
         found = self._places.get(place)
         if found is None:
-            found = self._place(trajectory, index, group, turn, endpoint)
+            found = self._place(trajectory, index, group, turn, endpoint, api)
             if len(self._places) >= self._PLACES:
                 self._places.clear()
             self._places[place] = found
@@ -227,14 +230,16 @@ class CompiledPlan:
                 fired.append(rule)
         return tuple(fired)
 
-    def _place(self, trajectory: str, index: int | None, group: str | None, turn: int, endpoint: str) -> "_Place":
-        """The rules whose place conditions hold for the target, each with its started hash (a shared blank one for a
-        rule with no probability, whose bound every hash is below) and its bound, and whether that is all left to
-        check for each (no attempt or time condition)."""
+    def _place(self, trajectory: str, index: int | None, group: str | None, turn: int, endpoint: str,
+               api: str | None = None) -> "_Place":
+        """The rules whose place conditions hold for the target (and whose fault acts on `api`, if given), each with
+        its started hash (a shared blank one for a rule with no probability, whose bound every hash is below) and its
+        bound, and whether that is all left to check for each (no attempt or time condition)."""
         rules, states, bounds = [], [], []
         for rule, key, bound in zip(self.rules, self._keys, self._bounds):
             s = rule.schedule
-            if (s.endpoints is not None and endpoint not in s.endpoints
+            if (api is not None and api not in rule.fault.apis
+                    or s.endpoints is not None and endpoint not in s.endpoints
                     or s.trajectories is not None and trajectory not in s.trajectories
                     or s.groups is not None and group not in s.groups
                     or s.turns is not None and turn not in s.turns

@@ -393,3 +393,27 @@ def test_turn_ranges_cost_their_bounds_not_their_length(text: str, inside: list[
 def test_a_turn_past_any_count_is_refused_naming_the_key() -> None:
     with pytest.raises(PlanError, match="turns: 99999999999999999999 is past the largest turn"):
         parse_plan('[[rules]]\nfault = "latency"\nturns = "0-99999999999999999999"\n', "huge.toml")
+
+
+def test_decisions_for_one_api_are_the_schedules_own_less_the_rules_that_do_not_act_on_it() -> None:
+    """`FaultEngine.fired_at(..., api)` (the native fast path's decision) leaves out only the rules whose fault
+    `apply` passes by on that API (the chaos plan's `text_without_ids` on `/generate`), and decides the rest as
+    `Schedule.fires` does; without `api` it decides every rule."""
+    from faults import resolve_plan
+    from faults.engine import CompiledPlan
+
+    plan = resolve_plan("chaos")
+    compiled = CompiledPlan(plan)
+    rng = random.Random(4)
+    left_out = 0
+    for _ in range(20000):
+        target = Target(f"t{rng.randrange(40)}", rng.randrange(40), None, rng.randrange(3), rng.randrange(1, 6),
+                        "/generate")
+        every = tuple(r for r in plan.rules if r.fault.server_side and not r.fault.on_weight_update
+                      and r.schedule.fires(plan.seed, r.name, target, 1.0))
+        fields = (target.trajectory, target.index, target.group, target.turn, target.attempt, target.endpoint, 1.0)
+        assert compiled.fired_fields(*fields) == every
+        for api in ("native", "openai"):
+            assert compiled.fired_fields(*fields, api=api) == tuple(r for r in every if api in r.fault.apis)
+        left_out += len(every) - len(compiled.fired_fields(*fields, api="native"))
+    assert left_out > 0  # text_without_ids fired and was left out for native requests

@@ -100,12 +100,13 @@ class ServerContext:
                       index=index, group=identity.group,
                       turn=identity.turn or 0, attempt=identity.attempt, endpoint=endpoint)
 
-    def decide(self, identity: Identity, endpoint: str) -> Decision | None:
-        """`faults.decide(target(identity, endpoint))`, or None when no rule fires (no target or decision made)."""
+    def decide(self, identity: Identity, endpoint: str, api: str | None = None) -> Decision | None:
+        """`faults.decide(target(identity, endpoint))`, or None when no rule fires (no target or decision made); with
+        `api`, its rules only those that act on that API (the others `FaultEngine.apply` passes by)."""
         trajectory = self._recorded_trajectory(identity)
         index = trajectory.index if trajectory else self.upstream.index_of(identity) if self.upstream else None
         rules = self.faults.fired_at(identity.trajectory or f"request:{identity.digest}", index, identity.group,
-                                     identity.turn or 0, identity.attempt, endpoint)
+                                     identity.turn or 0, identity.attempt, endpoint, api)
         return Decision(rules, self.target(identity, endpoint)) if rules else None
 
     def exchange(self, generation: Generation, *, api: str, endpoint: str, stream: bool, rid: str,

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import MISSING, fields
+from operator import attrgetter
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from bench.records.attribution import TRAJECTORY_HEADER
 from bench.records.request_log import RequestRecord
 from bench.replay import Generation, Identity, build_generation, context_error
 from faults import FAULT_HEADER, Exchange, FaultError, PlanError, Rule, forced_rules
+from faults.exchange import Transport as FaultTransport
 from faults.engine import Decision
 
 from . import served, transport, wire
 from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
-from .native_fast import FastRequest, Reply, accept, make_reply, native_request
+from .native_fast import VERSION, FastRequest, Reply, accept, make_reply, native_request
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
 from .playback import (
     Choice,
@@ -160,11 +164,11 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
     packed = fast.packed
     identity = ctx.identifier.identify(packed, fast.hint)
     ctx.faults.observe(identity.trajectory, packed, ctx.tokenizer)  # did it act on an earlier faulted answer?
-    decision = ctx.decide(identity, path)
+    decision = ctx.decide(identity, path, "native")
     reply = None
-    if (identity.drift is None and not identity.resume and identity.turn is not None
-            and (decision is None or not any("native" in rule.fault.apis for rule in decision.rules))):
-        key = (identity.trajectory, identity.turn, fast.key, fast.shape)
+    recorded_turn = identity.drift is None and not identity.resume and identity.turn is not None
+    key = (identity.trajectory, identity.turn, fast.key, fast.shape)
+    if recorded_turn and (decision is None or not any("native" in rule.fault.apis for rule in decision.rules)):
         reply = ctx.replies.get(key)
         if reply is False:
             reply = _new_reply(ctx, identity, fast, packed)
@@ -174,10 +178,13 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
         ctx.served.begin(record, packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on
         request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
-        parsed = native_request(fast)
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=packed)
         exchange = ctx.exchange(generation, api="native", endpoint=path, stream=False, rid=fast.rid,
                                 decision=decision or Decision((), ctx.target(identity, path)))
+        saved = ctx.replies.peek(key) if recorded_turn and decision is not None else None
+        if saved and saved.instant and _spliceable(exchange, saved):
+            return await _faulted_splice(request, ctx, fast, record, exchange, saved, arrived)
+        parsed = native_request(fast)
         prepared = _checked(ctx, parsed, parsed.items[0], record, exchange, arrived)
         return await _answer(request, ctx, parsed, [prepared], arrived)
     await _iterations_later(_SLOW_PATH_HOPS)  # answered as many loop iterations after arriving as on the slow path
@@ -195,6 +202,68 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
             return web.Response(body=transport.encode(item, None), content_type=wire.JSON)
     return web.Response(body=reply.body(fast.rid, ctx.state.weight_version, time.time() - arrived),
                         headers=reply.headers(identity.attempt, fast.rid))
+
+
+def _answer_fields(generation: Generation) -> tuple[Any, ...]:
+    """What a native body and its pacing take from a generation (its identity aside)."""
+    return (generation.output_ids, generation.logprobs, generation.text, generation.finish_reason,
+            generation.prompt_tokens, generation.cached_tokens, generation.ttft, generation.total,
+            generation.error_status)
+
+
+# An exchange's fields a fault may have set and the saved reply still answers (`_spliceable`): the version it
+# reports goes where the saved reply's version goes, or the key goes with it; a content type, a cut or truncated
+# body are how it travels.
+# Every other field must be as a blank exchange has it, so a field added later keeps its answers on the slow path.
+_GIVEN = frozenset({"api", "flavor", "endpoint", "stream", "generation", "weight_version", "context_length",
+                    "tokenizer", "tools", "rng", "transport"})
+_SPLICED = frozenset({"reported_weight_version", "omit_weight_version", "content_type", "corrupt_json"})
+_UNSET = tuple((f.name, f.default) for f in fields(Exchange) if f.name not in _GIVEN | _SPLICED)
+_UNSET_TRANSPORT = tuple((f.name, f.default) for f in fields(FaultTransport) if f.name != "truncate_at")
+assert all(default is not MISSING for _, default in _UNSET + _UNSET_TRANSPORT), "a blank exchange's own values"
+_exchange_unset = attrgetter(*(name for name, _ in _UNSET))
+_transport_unset = attrgetter(*(name for name, _ in _UNSET_TRANSPORT))
+_EXCHANGE_BLANK = tuple(default for _, default in _UNSET)
+_TRANSPORT_BLANK = tuple(default for _, default in _UNSET_TRANSPORT)
+
+
+def _spliceable(exchange: Exchange, saved: Reply) -> bool:
+    """Whether the faults left a non-streamed answer the saved reply's body (made from its generation, unfaulted) but
+    for the fields `_faulted_splice` puts in: nothing replaces, refuses, drops, delays or aborts it, its logprobs are
+    shown as they are, and its generation is the saved one's."""
+    return (_exchange_unset(exchange) == _EXCHANGE_BLANK and _transport_unset(exchange.transport) == _TRANSPORT_BLANK
+            and _answer_fields(exchange.generation) == _answer_fields(saved.generation)
+            and (not exchange.omit_weight_version or _VERSION_SLOT not in saved.order
+                 or saved.pieces[saved.order.index(_VERSION_SLOT)].endswith(_VERSION_KEY)))
+
+
+# the saved reply's weight version with its key (after the `id` key: never an object's first), which a
+# `missing_weight_version` answer leaves out; outside a JSON string, where a quote is never bare, it is only there
+_VERSION_KEY = b',"weight_version":'
+_VERSION_SLOT = 1  # the version's place in `Reply.order` (a profile without the field has none: nothing to leave out)
+_VERSION_ENTRY = _VERSION_KEY + msgspec.json.encode(VERSION)
+
+
+async def _faulted_splice(request: web.Request, ctx: ServerContext, fast: FastRequest, record: RequestRecord,
+                          exchange: Exchange, saved: Reply, arrived: float) -> web.StreamResponse:
+    """A faulted plain request whose faults left its body the unfaulted one but for the reported weight version, or
+    changed only how it travels (content type, a cut or truncated body; stream faults on a whole answer): the saved
+    reply's bytes, as the slow path would format them, sent the slow path's way, as many loop iterations later.
+    The record, outcome and served tokens are those `play` keeps (the reported version with them)."""
+    await _iterations_later(_SLOW_PATH_HOPS)
+    if not played_at_once(ctx, record, exchange.generation.identity, fast.rid, fast.ids, saved.served, saved.finish,
+                          arrived):  # paused: `play` waits for generation to continue, as on the slow path
+        parsed = native_request(fast)
+        played = await _played_item(ctx, parsed, parsed.items[0], record, exchange, arrived)
+        return await transport.send_body(request, transport.encode(played, exchange), exchange)
+    version = None if exchange.omit_weight_version else exchange.reported_weight_version or ctx.state.weight_version
+    if record.weight_version is not None:  # its served tokens were kept (`play` keeps the version it reported)
+        record.weight_version = version
+    if version is None:
+        body = saved.body(fast.rid, VERSION, time.time() - arrived).replace(_VERSION_ENTRY, b"", 1)
+    else:
+        body = saved.body(fast.rid, version, time.time() - arrived)
+    return await transport.send_body(request, transport.corrupted(body) if exchange.corrupt_json else body, exchange)
 
 
 def _new_reply(ctx: ServerContext, identity: Identity, fast: FastRequest, packed: bytes) -> Reply | None:
@@ -286,7 +355,16 @@ async def _run_whole(ctx: ServerContext, parsed: NativeRequest, item: NativeItem
         reject(ctx, record, 200, "aborted in the waiting queue", arrived, generation)
         record.finish = "abort"
         return formatter.queued_abort(item.rid, time.time() - arrived)
+    return await _played_item(ctx, parsed, item, record, exchange, arrived, formatter)
+
+
+async def _played_item(ctx: ServerContext, parsed: NativeRequest, item: NativeItem, record: RequestRecord,
+                       exchange: Exchange, arrived: float, formatter: NativeFormatter | None = None) -> dict[str, Any]:
+    """The item played in time, then formatted as it ended (whole, aborted, or aborted while queued)."""
+    generation = exchange.generation
     played = await play(ctx, _choice(parsed, item, record, exchange), arrived)
+    if formatter is None:
+        formatter = NativeFormatter(ctx.config.profile, ctx.tokenizer, parsed, ctx.state.weight_version, exchange)
     formatter.weight_version = ctx.state.weight_version
     e2e = time.time() - arrived
     if played.queued:

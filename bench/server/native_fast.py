@@ -444,6 +444,10 @@ class ReplyCache:
             self.hits += 1
         return reply
 
+    def peek(self, key: tuple[Any, ...]) -> Reply | None:
+        """The saved reply, if one is (not counted as a hit: a faulted request looks before it knows it can use it)."""
+        return self._replies.get(key) or None
+
     def put(self, key: tuple[Any, ...], reply: Reply | None) -> None:
         self._replies[key] = reply
         self.saved += reply is not None

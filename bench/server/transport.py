@@ -31,8 +31,13 @@ def encode(obj: Any, exchange: Exchange | None, *, corrupt: bool | None = None) 
     else:
         body = wire.dumps(obj)
     if corrupt if corrupt is not None else (exchange is not None and exchange.corrupt_json):
-        body = body[: max(1, len(body) // 2)]
+        body = corrupted(body)
     return body
+
+
+def corrupted(body: bytes) -> bytes:
+    """A `malformed_json` body: cut in the middle."""
+    return body[: max(1, len(body) // 2)]
 
 
 def replacement_response(replacement: Replacement) -> web.Response:
