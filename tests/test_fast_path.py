@@ -283,14 +283,14 @@ def test_a_body_taken_before_is_taken_again_from_its_bytes() -> None:
 
 def test_the_body_cache_stays_within_its_budget() -> None:
     profile, bodies = PROFILES["0.5.23"], native_fast.BodyCache()
-    bodies.LIMIT, bodies.LIMIT_BYTES = 4, 200
+    bodies.LIMIT, bodies.LIMIT_BYTES = 4, 1000
     for number in range(40):
         ids = list(range(1, 2 + (number % 7 if number < 20 else number % 3) * 3))  # 7 bodies in turn, then 3
         raw = json.dumps({"input_ids": ids}).encode()
         fast = native_fast.accept(raw, "t", profile, native_fast.SamplingCache(), 1000, None, bodies)
         assert fast is not None and fast.ids == ids
-        assert len(bodies._parsed) <= 4 and bodies.bytes <= 200
-        assert bodies.bytes == sum(len(raw) for raw in bodies._parsed)
+        assert len(bodies._parsed) <= 4 and bodies.bytes <= 1000
+        assert bodies.bytes == sum(native_fast._size(raw, kept.packed) for raw, kept in bodies._parsed.items())
     assert bodies.hits > 0
 
 
@@ -480,3 +480,40 @@ def test_waiting_loop_iterations_leaves_no_cycle_for_the_collector() -> None:
     fast = _garbage_after(_iterations_later)
     assert _functions_of(fast, native.__file__) == []
     assert len(fast) - baseline < WAITS // 10, [type(obj).__name__ for obj in fast]  # nothing per wait
+
+
+@pytest.mark.parametrize("path", ["fast", "slow"])
+def test_a_handler_that_fails_after_identifying_answers_aiohttps_500_naming_what_was_served(
+        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in a generation route after its request was identified: aiohttp's own 500 (made by the guard, where
+    the served headers can still be added) names the trajectory, turn, attempt and request id, and the log says
+    what failed."""
+    import urllib.error
+    import urllib.request
+
+    from bench.server import ServerThread
+
+    async def slow_bug(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("injected bug after identification")
+
+    def fast_bug(*args: Any, **kwargs: Any) -> bool:
+        raise RuntimeError("injected bug after identification")
+
+    if path == "slow":
+        monkeypatch.setattr(native, "_run_whole", slow_bug)
+    else:
+        monkeypatch.setattr(native, "played_at_once", fast_bug)
+    with ServerThread("retool-64") as server:
+        server.context.fast_path = path == "fast"
+        trajectory = server.context.store.trajectories[0]
+        body = json.dumps({"input_ids": _ids(trajectory, 0), "rid": "r1",
+                           "sampling_params": dict(trajectory.first_sampling_params)}).encode()
+        request = urllib.request.Request(server.url + "/generate", data=body, headers={
+            "Content-Type": "application/json", "X-Bench-Trajectory": trajectory.id})
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(request, timeout=30)
+        headers = {k: v for k, v in failed.value.headers.items() if k.startswith("X-Bench-Served-")}
+        assert failed.value.code == 500 and b"Internal Server Error" in failed.value.read()
+        assert headers == {"X-Bench-Served-Trajectory": trajectory.id, "X-Bench-Served-Turn": "0",
+                           "X-Bench-Served-Attempt": "1", "X-Bench-Served-Request-Id": "r1"}
+        assert server.context.log.records[-1].error == "RuntimeError: injected bug after identification"

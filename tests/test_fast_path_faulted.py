@@ -41,7 +41,7 @@ async def _run(rules: list[str], fast: bool, profile: str | None = None) -> tupl
     ctx = load_context(TRACE, plan=plan_from_specs(specs, seed=3), **({"sglang_version": profile} if profile else {}))
     ctx.fast_path = fast
     app = create_app(ctx)
-    app.freeze()  # as a running server's: a streamed (truncated) answer sends its prepare signal
+    app.freeze()  # as a running server's: aiohttp sends its (empty) prepare signal on a streamed (truncated) answer
     answers = []
     for trajectory in ctx.store.trajectories[:TRAJECTORIES]:
         for turn in range(min(2, len(trajectory.turns))):

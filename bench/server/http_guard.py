@@ -103,7 +103,13 @@ def _guard_generation(handler: Handler, ctx: ServerContext, limits: Limits) -> H
             ctx.log.append(RequestRecord(
                 started=arrived, endpoint=request.path, status=500, latency_s=round(time.time() - arrived, 6),
                 error=f"{type(error).__name__}: {error}"))
-            raise
+            if request.writer.output_size > 0:  # a stream already under way: aiohttp drops the connection
+                raise
+            # aiohttp's own 500 (its body, its log line, the connection closed), made here, where the request's
+            # served headers can still be added to it
+            response = request.protocol.handle_error(request, 500, error)
+            add_served_headers(request, response)
+            return response
 
     return generation
 

@@ -174,10 +174,10 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
             reply = _new_reply(ctx, identity, fast, packed)
             ctx.replies.put(key, reply)
     record = logged_identified(ctx, path, arrived, fast.rid, identity, len(fast.ids))
+    request[SERVED_KEY] = [record]  # its only record: any answer but the saved reply's (which names it) takes it
     if record.trajectory is not None:
         ctx.served.begin(record, packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on
-        request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer, seed_bytes=packed)
         exchange = ctx.exchange(generation, api="native", endpoint=path, stream=False, rid=fast.rid,
                                 decision=decision or Decision((), ctx.target(identity, path)))
@@ -190,7 +190,6 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
     await _iterations_later(_SLOW_PATH_HOPS)  # answered as many loop iterations after arriving as on the slow path
     if not (reply.instant and played_at_once(ctx, record, identity, fast.rid, fast.ids, reply.served, reply.finish,
                                              arrived)):
-        request[SERVED_KEY] = [record]  # for the answers below that do not take the saved reply's headers
         generation = reply.generation_for(identity)
         choice = Choice(0, fast.ids, generation, fast.rid, record, None, fast.shape[0], reply.served)
         played = await play(ctx, choice, arrived)

@@ -257,7 +257,7 @@ class BodyCache:
     full."""
 
     LIMIT = 4096  # bodies
-    LIMIT_BYTES = 16 * 2**20  # of bodies kept
+    LIMIT_BYTES = 16 * 2**20  # what the bodies kept hold, reckoned as the prompt cache reckons it (`_size`)
     LONGEST = 16 * 2**10  # bytes of a body kept
 
     def __init__(self) -> None:
@@ -274,11 +274,12 @@ class BodyCache:
     def keep(self, raw: bytes, parsed: _Parsed) -> None:
         if len(raw) > self.LONGEST:
             return
-        if len(self._parsed) >= self.LIMIT or self.bytes + len(raw) > self.LIMIT_BYTES:
+        size = _size(raw, parsed.packed)  # the bytes, and the ids' list and packing (shared with the prompt cache)
+        if len(self._parsed) >= self.LIMIT or self.bytes + size > self.LIMIT_BYTES:
             self._parsed.clear()
             self.bytes = 0
         self._parsed[raw] = parsed
-        self.bytes += len(raw)
+        self.bytes += size
 
 
 def accept(raw: bytes, hint: str | None, profile: SglangProfile, cache: SamplingCache,

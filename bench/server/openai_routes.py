@@ -302,10 +302,10 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
             if fast.kept:  # else no later request can name it
                 ctx.chat_replies.put(key, reply, fast.size)
     record = logged_identified(ctx, path, arrived, rid, identity, len(fast.ids))
+    request[SERVED_KEY] = [record]  # its only record: any answer but the saved reply's (which names it) takes it
     if record.trajectory is not None:
         ctx.served.begin(record, fast.packed, reply.prompt_digest if reply else None)
     if reply is None:  # the slow path, from here on
-        request[SERVED_KEY] = [record]  # its only record (`new_record` with the request, without looking first)
         generation = build_generation(identity, ctx.recorded(identity), fast.params, ctx.tokenizer,
                                       seed_bytes=fast.packed)
         exchange = ctx.exchange(generation, api="openai", endpoint=path, stream=False, rid=rid,
@@ -319,7 +319,6 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
     response_id = base_id if not vllm else _PREFIX["chat"] + base_id
     if not (reply.instant and played_at_once(ctx, record, identity, rid, fast.ids, reply.served, reply.finish,
                                              arrived)):
-        request[SERVED_KEY] = [record]  # for the answer below that does not take the saved reply's headers
         generation = reply.generation_for(identity)
         played = await play(ctx, Choice(0, fast.ids, generation, rid, record, None, parsed.logprobs, reply.served),
                             arrived)

@@ -12,14 +12,13 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.records.request_log import RequestRecord
-
 from bench.records.attribution import (
     SERVED_ATTEMPT_HEADER,
     SERVED_REQUEST_HEADER,
     SERVED_TRAJECTORY_HEADER,
     SERVED_TURN_HEADER,
 )
+from bench.records.request_log import RequestRecord
 
 # the request's log records, in the order they were identified (a typed key where aiohttp has them)
 SERVED_KEY: Any = web.RequestKey("rollout_bench_served", list) if hasattr(web, "RequestKey") else "rollout_bench_served"

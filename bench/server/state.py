@@ -78,8 +78,9 @@ class SharedTimer:
     loop timers: each a `TimerHandle`, pushed on and popped off the loop's heap with a Python `__lt__` per
     comparison (72,000 of them in a run of agentic-500 at time scale 0.05), then cancelled. Here a deadline is a
     tuple on a heap of its own (compared in C); the one loop timer fires at the earliest and expires every
-    deadline the loop's own rule says is due (`when < now + clock resolution`), in deadline order, as their own
-    timers would have in that iteration. A waiter set before its deadline (an abort, a pause) or cancelled stays on
+    deadline the loop's own rule says is due (`when < now + clock resolution`, `now` read when it fires: a deadline
+    due just after the iteration began may expire one iteration before its own timer would have, never before it is
+    due), in deadline order. A waiter set before its deadline (an abort, a pause) or cancelled stays on
     the heap, as a cancelled loop timer stays on the loop's, until its deadline passes or it comes first on the
     heap when the timer fires."""
 
