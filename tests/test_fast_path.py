@@ -517,3 +517,30 @@ def test_a_handler_that_fails_after_identifying_answers_aiohttps_500_naming_what
         assert headers == {"X-Bench-Served-Trajectory": trajectory.id, "X-Bench-Served-Turn": "0",
                            "X-Bench-Served-Attempt": "1", "X-Bench-Served-Request-Id": "r1"}
         assert server.context.log.records[-1].error == "RuntimeError: injected bug after identification"
+
+
+@pytest.mark.parametrize("shape", ["streamed", "spliced after a fault", "saved reply", "slow path"])
+def test_every_generation_answer_names_what_it_served(shape: str) -> None:
+    """The served headers (trajectory, turn, attempt, request id) on a stream a generation route opens (`served.prepare`),
+    on an answer a fault left spliceable (`_faulted_splice`), on the saved reply and on the slow path's answer."""
+    import urllib.request
+
+    from bench.server import ServerThread
+
+    plan = plan_from_specs(["stale_weight_version:p=1"], seed=1) if shape == "spliced after a fault" else None
+    with ServerThread("retool-64", plan=plan) as server:
+        server.context.fast_path = shape != "slow path"
+        trajectory = server.context.store.trajectories[0]
+        body = {"input_ids": _ids(trajectory, 0), "rid": "r1", "return_logprob": True,
+                "sampling_params": dict(trajectory.first_sampling_params), "stream": shape == "streamed"}
+        for attempt in (1, 2):  # the first saves the reply the second is spliced from
+            body["rid"] = f"r{attempt}"
+            request = urllib.request.Request(server.url + "/generate", data=json.dumps(body).encode(), headers={
+                "Content-Type": "application/json", "X-Bench-Trajectory": trajectory.id})
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                answer.read()
+                headers = {k: v for k, v in answer.headers.items() if k.startswith("X-Bench-Served-")}
+            assert headers == {"X-Bench-Served-Trajectory": trajectory.id, "X-Bench-Served-Turn": "0",
+                               "X-Bench-Served-Attempt": str(attempt), "X-Bench-Served-Request-Id": f"r{attempt}"}
+        if shape == "spliced after a fault":
+            assert len(server.context.faults.log.events) == 2
