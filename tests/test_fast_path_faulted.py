@@ -59,6 +59,21 @@ async def _run(rules: list[str], fast: bool, profile: str | None = None) -> tupl
     return answers, rows, events
 
 
+def _count_splices(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the answers `_faulted_splice` makes, and fix the clock for both paths: a cut body (malformed_json) ends
+    where the body's length says, which its latency fields move."""
+    calls: list[int] = []
+    splice = native._faulted_splice
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return await splice(*args, **kwargs)
+
+    monkeypatch.setattr(native, "_faulted_splice", counted)
+    monkeypatch.setattr(time, "time", lambda: 1_750_000_000.0)
+    return calls
+
+
 PROFILE_CASES = [(rules, spliced, profile) for rules, spliced in CASES[:1] + CASES[5:7] for profile in sorted(PROFILES)]
 
 
@@ -69,16 +84,7 @@ def test_a_faulted_answer_spliced_into_the_saved_reply_is_the_slow_paths(rules: 
                                                                          profile: str | None,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Every profile: those without a `weight_version` field (0.4.10) have no version to report or leave out."""
-    calls = []
-    splice = native._faulted_splice
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return await splice(*args, **kwargs)
-
-    monkeypatch.setattr(native, "_faulted_splice", counted)
-    # one clock for both: a cut body (malformed_json) ends where the body's length says, which its latency fields move
-    monkeypatch.setattr(time, "time", lambda: 1_750_000_000.0)
+    calls = _count_splices(monkeypatch)
     slow = asyncio.run(_run(rules, False, profile))
     assert not calls
     fast = asyncio.run(_run(rules, True, profile))
@@ -117,15 +123,7 @@ async def _paused_retry(rule: str, fast: bool) -> tuple[Any, ...]:
 @pytest.mark.parametrize("rule", ["stale_weight_version", "missing_weight_version"])
 def test_a_spliceable_retry_while_generation_is_paused_waits_and_answers_as_the_slow_path(
         rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-    splice = native._faulted_splice
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return await splice(*args, **kwargs)
-
-    monkeypatch.setattr(native, "_faulted_splice", counted)
-    monkeypatch.setattr(time, "time", lambda: 1_750_000_000.0)
+    calls = _count_splices(monkeypatch)
     slow = asyncio.run(_paused_retry(rule, False))
     fast = asyncio.run(_paused_retry(rule, True))
     assert calls == [1]

@@ -23,16 +23,7 @@ from .context import Planned, ServerContext, context_of
 from .native_format import ABORTED, NativeFormatter
 from .native_fast import VERSION, FastRequest, Reply, accept, make_reply, native_request
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, decode_body, parse_generate
-from .playback import (
-    Choice,
-    identified,
-    logged_identified,
-    new_record,
-    play,
-    played_at_once,
-    reject,
-    upstream_failed,
-)
+from .playback import Choice, identified, logged_identified, new_record, play, played_at_once, reject, upstream_failed
 from .served import SERVED_KEY
 
 

@@ -39,16 +39,7 @@ from .openai_fast import ChatReply, FastChat, make_reply
 from .openai_format import OpenAIFormatter
 from .openai_request import BadRequest, OpenAIRequest, decode_body, parse_chat, parse_completion, parse_generate
 from .openai_stream import play_choice, stream_choices, wire_faults
-from .playback import (
-    Choice,
-    identified,
-    logged_identified,
-    new_record,
-    play,
-    played_at_once,
-    reject,
-    upstream_failed,
-)
+from .playback import Choice, identified, logged_identified, new_record, play, played_at_once, reject, upstream_failed
 from .served import SERVED_KEY
 
 Parser = Callable[[dict[str, Any], str, ByteBPETokenizer], OpenAIRequest]
