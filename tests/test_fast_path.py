@@ -544,3 +544,52 @@ def test_every_generation_answer_names_what_it_served(shape: str) -> None:
                                "X-Bench-Served-Attempt": str(attempt), "X-Bench-Served-Request-Id": f"r{attempt}"}
         if shape == "spliced after a fault":
             assert len(server.context.faults.log.events) == 2
+
+
+def test_the_fast_path_answers_as_many_loop_iterations_after_arriving_as_the_slow_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generation is answered the slow path's 4 loop iterations after its request arrived, on every path (the saved
+    reply, a new one, an answer spliced after a fault); an error that replaces it is answered at once, so a rollout
+    sees an error before the generations sent with it, as from a real engine."""
+    async def iterations(app: web.Application, body: dict[str, Any], trajectory: str) -> tuple[int, int]:
+        count, done = 0, False
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            nonlocal count
+            count += 1
+            if not done:
+                loop.call_soon(tick)
+
+        loop.call_soon(tick)
+        answer = await _call(app, body, {"X-Bench-Trajectory": trajectory})
+        done = True
+        return answer.status, count
+
+    spliced = []
+    splice = native._faulted_splice
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        spliced.append(1)
+        return await splice(*args, **kwargs)
+
+    monkeypatch.setattr(native, "_faulted_splice", counted)
+
+    async def run() -> None:
+        ctx = load_context("rlvr-500", plan=plan_from_specs(["stale_weight_version:attempts=4",
+                                                             "http_error:status=500,attempts=5"], seed=1))
+        app = create_app(ctx)
+        trajectory = ctx.store.trajectories[0]
+        body = {"input_ids": _ids(trajectory, 0), "return_logprob": True,
+                "sampling_params": dict(trajectory.first_sampling_params)}
+        counts = []
+        for fast in (False, True, True, True, True):  # slow; a new reply; the saved one; spliced; the error
+            ctx.fast_path = fast
+            counts.append(await iterations(app, body, trajectory.id))
+        assert ctx.replies.hits >= 1 and [e.fault for e in ctx.faults.log.events] == ["stale_weight_version",
+                                                                                       "http_error"]
+        assert counts[:4] == [(200, counts[0][1])] * 4, counts
+        assert counts[4][0] == 500 and counts[4][1] < counts[0][1], counts
+
+    asyncio.run(run())
+    assert spliced == [1]
