@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from bench.replay.store import RecordedTrajectory
 
@@ -57,3 +59,24 @@ class ReadingProtocol:
 
     def resume_reading(self, **_: object) -> None:
         pass
+
+
+T = TypeVar("T")
+
+
+async def counting_loop_iterations(awaitable: Awaitable[T]) -> tuple[T, int]:
+    """What `awaitable` gives, and how many event-loop iterations went by until it did (a callback that reschedules
+    itself counts them)."""
+    count, done = 0, False
+    loop = asyncio.get_running_loop()
+
+    def tick() -> None:
+        nonlocal count
+        count += 1
+        if not done:
+            loop.call_soon(tick)
+
+    loop.call_soon(tick)
+    result = await awaitable
+    done = True
+    return result, count

@@ -33,7 +33,7 @@ from bench.tokenizer import load_tokenizer
 from bench.trace import open_trace
 from bench.trace.shipped import shipped_trace
 from faults import plan_from_specs
-from tests.server_helpers import ReadingProtocol
+from tests.server_helpers import ReadingProtocol, counting_loop_iterations
 
 CHAT = "/v1/chat/completions"
 TRACES = {"rlvr-500": 500, "agentic-500": 5695}  # every shipped trace with chat messages, and its turns
@@ -281,20 +281,8 @@ def test_a_fault_that_fires_takes_the_slow_path_and_is_logged() -> None:
 
 def test_the_fast_path_answers_as_many_loop_iterations_after_arriving_as_the_slow_path() -> None:
     async def iterations(ctx: ServerContext, call: Caller, body: dict[str, Any], trajectory: str) -> int:
-        count = 0
-        done = False
-        loop = asyncio.get_running_loop()
-
-        def tick() -> None:
-            nonlocal count
-            count += 1
-            if not done:
-                loop.call_soon(tick)
-
         request = call.request(json.dumps(body).encode(), {"X-Bench-Trajectory": trajectory})
-        loop.call_soon(tick)
-        await openai_routes.chat_completions(request)
-        done = True
+        _, count = await counting_loop_iterations(openai_routes.chat_completions(request))
         return count
 
     async def run() -> None:

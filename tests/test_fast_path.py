@@ -30,7 +30,7 @@ from bench.server.app import create_app, load_context
 from bench.server.context import ServerContext
 from faults import Target, plan_from_specs, resolve_plan
 from faults.engine import CompiledPlan, _bound, _threshold
-from tests.server_helpers import ReadingProtocol
+from tests.server_helpers import ReadingProtocol, counting_loop_iterations
 
 TRACE = "retool-64"  # 64 multi-turn trajectories, 167 turns
 VOLATILE = re.compile(rb'"(e2e_latency|response_sent_to_client_ts)":[0-9.e+-]+')
@@ -552,18 +552,7 @@ def test_the_fast_path_answers_as_many_loop_iterations_after_arriving_as_the_slo
     reply, a new one, an answer spliced after a fault); an error that replaces it is answered at once, so a rollout
     sees an error before the generations sent with it, as from a real engine."""
     async def iterations(app: web.Application, body: dict[str, Any], trajectory: str) -> tuple[int, int]:
-        count, done = 0, False
-        loop = asyncio.get_running_loop()
-
-        def tick() -> None:
-            nonlocal count
-            count += 1
-            if not done:
-                loop.call_soon(tick)
-
-        loop.call_soon(tick)
-        answer = await _call(app, body, {"X-Bench-Trajectory": trajectory})
-        done = True
+        answer, count = await counting_loop_iterations(_call(app, body, {"X-Bench-Trajectory": trajectory}))
         return answer.status, count
 
     spliced = []
