@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.hdrs import CONTENT_TYPE
 
 from bench.records.attribution import TRAJECTORY_HEADER
 from bench.records.request_log import RequestRecord
@@ -191,7 +192,7 @@ async def _generate_fast(request: web.Request, ctx: ServerContext, fast: FastReq
                     formatter.item(generation, fast.rid, fast.ids, upto=played.count, finish=ABORTED, e2e=e2e))
             return web.Response(body=transport.encode(item, None), content_type=wire.JSON)
     return web.Response(body=reply.body(fast.rid, ctx.state.weight_version, time.time() - arrived),
-                        headers=reply.headers(identity.attempt, fast.rid))
+                        headers=[(CONTENT_TYPE, wire.JSON), *served.served_header_pairs(record)])
 
 
 def _answer_fields(generation: Generation) -> tuple[Any, ...]:

@@ -21,19 +21,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
 import msgspec
-from aiohttp.hdrs import CONTENT_TYPE
 
-from bench.records.attribution import (
-    SERVED_ATTEMPT_HEADER,
-    SERVED_REQUEST_HEADER,
-    SERVED_TRAJECTORY_HEADER,
-    SERVED_TURN_HEADER,
-)
 from bench.records.served_tokens import PackedAnswer, context_hash
 from bench.replay import GenerateParams, Generation, Identity, pack
 from bench.tokenizer import ByteBPETokenizer
 
-from . import transport, wire
+from . import transport
 from .native_format import NativeFormatter
 from .native_request import NativeItem, NativeRequest, Rejected, ValueRejected, check_sampling, sampling_params
 from .profiles import SglangProfile
@@ -357,14 +350,6 @@ class Reply:
     pieces: tuple[bytes, ...]  # len(order) + 1 pieces around the per-request values
     order: tuple[int, ...]  # which value goes after each piece: 0 rid, 1 weight version, 2 e2e latency, 3 sent ts
     size: int
-    head: tuple[tuple[str, str], ...]  # the answer's first headers: its content type, the served trajectory and turn
-
-    def headers(self, attempt: int, rid: str) -> list[tuple[str, str]]:
-        """The answer's headers, as `served.add_served_headers` names them, built at once (not set one by one)."""
-        headers = [*self.head, (SERVED_ATTEMPT_HEADER, str(attempt))]
-        if rid:
-            headers.append((SERVED_REQUEST_HEADER, rid))
-        return headers
 
     def body(self, rid: str, version: str, e2e: float) -> bytes:
         """The saved body with this request's values (the time it is sent, as the formatter takes it, last)."""
@@ -417,10 +402,7 @@ def make_reply(generation: Generation, profile: SglangProfile, tokenizer: ByteBP
                              hashed)
     finish = (generation.finish_reason or {}).get("type")
     instant = transport.instant(generation.ttft, generation.total, time_scale)
-    identity = generation.identity
-    head = ((CONTENT_TYPE, wire.JSON), (SERVED_TRAJECTORY_HEADER, str(identity.trajectory)),
-            (SERVED_TURN_HEADER, "" if identity.turn is None else str(identity.turn)))
-    return Reply(generation, served, finish, instant, hashed.digest(), pieces, order, size, head)
+    return Reply(generation, served, finish, instant, hashed.digest(), pieces, order, size)
 
 
 class ReplyCache:
