@@ -123,9 +123,7 @@ class SharedTimer:
         assert loop is not None
         end = loop.time() + getattr(loop, "_clock_resolution", _CLOCK_RESOLUTION)  # the loop's own test for a timer
         while heap and (heap[0][0] < end or heap[0][2].done()):
-            waiter = heapq.heappop(heap)[2]
-            if not waiter.done():
-                waiter.set_result(False)
+            _expire(heapq.heappop(heap)[2])
         if heap:
             self._arm(loop, heap[0][0])
 
