@@ -281,10 +281,9 @@ async def _chat_fast(request: web.Request, ctx: ServerContext, fast: FastChat, a
         rid = wire.fresh_id()
     identity = ctx.identifier.identify(fast.packed, request.headers.get(TRAJECTORY_HEADER))
     ctx.faults.observe(identity.trajectory, fast.packed, ctx.tokenizer)  # did it act on an earlier faulted answer?
-    decision = ctx.decide(identity, path)
+    decision = ctx.decide(identity, path, "openai")  # only rules that act on the answer: any of them takes the slow path
     reply = None
-    if (identity.drift is None and not identity.resume and identity.turn is not None
-            and (decision is None or not any("openai" in rule.fault.apis for rule in decision.rules))
+    if (identity.drift is None and not identity.resume and identity.turn is not None and decision is None
             and (vllm or parsed.client_id is None or rid not in ctx.state.inflight)):
         key = (identity.trajectory, identity.turn, fast)
         reply = ctx.chat_replies.get(key)
