@@ -3,8 +3,8 @@
 #   make test   create .venv with the test extras and the real targets' environments, run the whole suite
 #   make targets  build one virtual environment per PyPI framework in .targets/ (miles, verifiers, areal, verl,
 #               verl-0.9); TARGETS="slime open-instruct prime-rl" builds the source-only frameworks' too
-#   make bench  benchmarks (server throughput beside bare aiohttp, the chat route beside other mock LLM servers,
-#               repro cold vs warm worker, the memory kept for provenance, the latency `record` adds, trace
+#   make bench  benchmarks (server throughput beside bare aiohttp, back to back and spaced out as in a run, the
+#               chat route beside other mock LLM servers, repro cold vs warm worker, the memory kept for provenance, the latency `record` adds, trace
 #               loading, the tokenizer beside `tokenizers`, the cost curve over trajectories and turns, the invariants'
 #               scaling, the Ray sweep executor beside the local one);
 #               not part of test
@@ -43,6 +43,7 @@ test: $(VENV)/.installed-test targets
 # The repro benchmark uses real miles when its environment is built (make targets), else ref-gather.
 bench: $(VENV)/.installed-test bench-peers
 	$(BIN)/python -m benchmarks.server_throughput
+	$(BIN)/python -m benchmarks.spaced_requests
 	$(BIN)/python -m benchmarks.peer_servers
 	$(BIN)/python -m benchmarks.repro_warm
 	$(BIN)/python -m benchmarks.served_memory

@@ -13,11 +13,12 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.isolation.proc_stat import read_stat
 
 DEFAULT_OUT = Path("reports/bench")
+Kind = TypeVar("Kind")  # what interleaved rounds rotate: a server's name, a (rate, server) cell
 
 
 def machine() -> dict[str, Any]:
@@ -41,6 +42,20 @@ def process_cpu_s(pid: int) -> float:
     if stat is None:
         raise ProcessLookupError(f"no process {pid} to read the CPU time of (/proc/{pid}/stat)")
     return stat.cpu_s
+
+
+def threads_cpu_s(pid: int) -> float:
+    """CPU seconds of a running process's live threads, to the nanosecond (each thread's scheduler run time, Linux
+    /proc/<pid>/task/*/schedstat): `process_cpu_s` counts in clock ticks (10 ms), too coarse for a window of a
+    few hundred cheap answers. A thread that ends inside a window takes its time with it: use it on servers whose
+    threads live as long as they do."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # ended between the listing and the read
+            continue
+    return total / 1e9
 
 
 def process_tree(pid: int) -> list[int]:
@@ -131,7 +146,7 @@ def start_pinned(args: Any) -> tuple[dict[str, Any], int | None, int | None, dic
     return info, server_core, client_core, parameters
 
 
-def interleaved(kinds: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+def interleaved(kinds: Sequence[Kind], rounds: int) -> Iterator[tuple[int, Kind]]:
     """(round, kind): every kind once per round, the order rotated by one each round, so a change on the
     machine during the run (another job starting) spreads over all kinds instead of landing on one."""
     for round_index in range(rounds):

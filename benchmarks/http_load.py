@@ -1,4 +1,5 @@
-"""A closed-loop HTTP/1.1 load generator: C keep-alive connections, each sending its next request on an answer.
+"""A closed-loop HTTP/1.1 load generator: C keep-alive connections, each sending its next request on an answer
+(or, with `think`, that many seconds after it: requests spaced out as a rollout sends them).
 
 Why not aiohttp's client: on one core of the 2-core machine it tops out near 5.4k requests/s with the
 server below 90% of its core, so it measured itself, not the server. This one writes pre-built request
@@ -79,10 +80,17 @@ class _Connection(asyncio.Protocol):
             if self.close_after:
                 self.transport.close()  # type: ignore[union-attr]
                 return
+            if self.load.think is not None:
+                asyncio.get_running_loop().call_later(self.load.think(), self._send_if_open)
+                return
             self._send()
             if not rest:
                 return
             self.buffer += rest
+
+    def _send_if_open(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self._send()
 
     def _read_header(self) -> bool:
         end = self.buffer.find(b"\r\n\r\n")
@@ -112,12 +120,14 @@ class _Connection(asyncio.Protocol):
 
 
 class Load:
-    """C connections to (host, port), cycling through `requests`, until `stop()`."""
+    """C connections to (host, port), cycling through `requests`, until `stop()`; with `think`, each connection waits
+    `think()` seconds after an answer before its next request."""
 
-    def __init__(self, host: str, port: int, requests: Sequence[bytes], concurrency: int) -> None:
+    def __init__(self, host: str, port: int, requests: Sequence[bytes], concurrency: int,
+                 think: Callable[[], float] | None = None) -> None:
         if not requests:
             raise ValueError("the load generator needs at least one request")
-        self.host, self.port, self.concurrency = host, port, concurrency
+        self.host, self.port, self.concurrency, self.think = host, port, concurrency, think
         self.requests = itertools.cycle(requests)
         self.tally = Tally()
         self.stopping = False
@@ -174,11 +184,11 @@ def measure_rounds(host: str, servers: dict[str, tuple[int, Callable[[], float]]
 
 
 async def measure(host: str, port: int, requests: Sequence[bytes], concurrency: int, warmup_s: float, seconds: float,
-                  server_cpu_s: Callable[[], float]) -> dict[str, Any]:
+                  server_cpu_s: Callable[[], float], think: Callable[[], float] | None = None) -> dict[str, Any]:
     """One window: warm up, then count answers, the server's CPU time (`server_cpu_s()` read before and after)
     and this process's (the load generator's) over `seconds`. A server CPU share below 1.0 with the client's
-    near 1.0 means the load generator, not the server, set the rate."""
-    load = Load(host, port, requests, concurrency)
+    near 1.0 means the load generator, not the server, set the rate (unless `think` spaces the requests out)."""
+    load = Load(host, port, requests, concurrency, think)
     await load.start()
     await asyncio.sleep(warmup_s)
     answers0, statuses0 = load.tally.snapshot()

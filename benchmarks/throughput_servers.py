@@ -6,6 +6,8 @@ KIND is one of:
   bare-json   bare aiohttp building the same body per request (a fresh dict, `json.dumps`)
   bench       the bench server (`BenchServer`) replaying the trace, no fault plan
   bench-plan  the bench server with a fault plan (`--plan`, minus the rules of `--without`)
+  bare-protocol  no HTTP framework: an asyncio protocol writing the precomputed answer bytes (what the machine's
+              sockets and event loop cost alone; `spaced_requests` uses it)
 
 The bare kinds answer with the bench's own replies (`--bodies`: a JSON map from trajectory id to
 [status, reply], fetched from the bench server first), so every kind sends the same bytes per request;
@@ -29,7 +31,8 @@ from aiohttp import web
 
 from .common import pin_to
 
-KINDS = ("bare-bytes", "bare-json", "bench", "bench-plan")
+KINDS = ("bare-bytes", "bare-json", "bench", "bench-plan")  # what server_throughput compares
+SERVER_KINDS = (*KINDS, "bare-protocol")
 TRAJECTORY_HEADER = "X-Bench-Trajectory"  # what reference targets send (bench.server.context)
 
 
@@ -71,9 +74,73 @@ def bench_plan(name: str, without: list[str]) -> Any:
     return Plan(label, plan.seed, rules, plan.description, plan.source)
 
 
+class _BareProtocol(asyncio.Protocol):
+    """HTTP/1.1 keep-alive requests answered with precomputed bytes, parsed just enough to frame them: the floor of
+    serving from Python on this machine, under any framework."""
+
+    def __init__(self, answers: dict[bytes, bytes]) -> None:
+        self.answers = answers
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            length, trajectory = 0, b""
+            for line in self.buffer[:end].split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length":
+                    length = int(value)
+                elif name == _TRAJECTORY_NAME:
+                    trajectory = value.strip()
+            if len(self.buffer) < end + 4 + length:
+                return
+            self.buffer = self.buffer[end + 4 + length:]
+            assert self.transport is not None
+            self.transport.write(self.answers[trajectory])
+
+
+_TRAJECTORY_NAME = TRAJECTORY_HEADER.lower().encode()
+
+
+def _protocol_answers(bodies: dict[str, tuple[int, Any]]) -> dict[bytes, bytes]:
+    """Each trajectory's whole answer (status line, headers, body) as bytes."""
+    answers = {}
+    for key, (status, reply) in bodies.items():
+        body = json.dumps(reply, separators=(",", ":")).encode()
+        head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        answers[key.encode()] = head.encode() + body
+    return answers
+
+
+async def _serve_protocol(args: argparse.Namespace, bodies: dict[str, tuple[int, Any]]) -> None:
+    answers = _protocol_answers(bodies)
+    server = await asyncio.get_running_loop().create_server(lambda: _BareProtocol(answers), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    print(json.dumps({"pid": os.getpid(), "port": port, "core": args.pinned}), flush=True)
+    await _until_signalled()
+    server.close()
+    await server.wait_closed()
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 async def _serve(args: argparse.Namespace) -> None:
     if args.kind.startswith("bare"):
         bodies = {k: (int(v[0]), v[1]) for k, v in json.loads(Path(args.bodies).read_text()).items()}
+        if args.kind == "bare-protocol":
+            await _serve_protocol(args, bodies)
+            return
         runner = web.AppRunner(_bare_app(args.kind, bodies, args.route), handler_cancellation=True, access_log=None)
     else:
         from bench.server.app import create_app, load_context
@@ -86,18 +153,14 @@ async def _serve(args: argparse.Namespace) -> None:
     await site.start()
     port = runner.addresses[0][1]
     print(json.dumps({"pid": os.getpid(), "port": port, "core": args.pinned}), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await _until_signalled()
     await runner.cleanup()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput_servers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=KINDS)
+    parser.add_argument("kind", choices=SERVER_KINDS)
     parser.add_argument("--core", type=int, help="pin to this core (a core number)")
     parser.add_argument("--bodies", help="bare kinds: JSON map trajectory id -> [status, reply]")
     parser.add_argument("--route", default="/generate", help="bare kinds: the path answered (/generate)")

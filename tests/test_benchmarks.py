@@ -300,6 +300,58 @@ def test_the_load_generator_counts_answers_of_every_framing_and_dropped_connecti
     assert abs(statuses["200"] - 2 * statuses["503"]) <= 2 and abs(statuses["503"] - statuses["dropped"]) <= 1
 
 
+def test_the_load_generator_waits_its_think_time_after_each_answer_before_the_next_request() -> None:
+    """With `think`, a connection asks again only that long after an answer: 0.05 s over 0.5 s allows 11 at most."""
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"ok": True})
+
+    async def scenario() -> tuple[int, int]:
+        app = web.Application()
+        app.router.add_post("/generate", answer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        waits: list[float] = []
+
+        def think() -> float:
+            waits.append(0.05)
+            return 0.05
+
+        load = Load("127.0.0.1", port, [raw_request("127.0.0.1", port, "/generate", b"{}", {})], 1, think)
+        try:
+            await load.start()
+            await asyncio.sleep(0.5)
+        finally:
+            await load.stop()
+            await runner.cleanup()
+        return load.tally.answers, len(waits)
+
+    answers, waits = asyncio.run(scenario())
+    assert 1 <= answers <= 11, answers
+    assert waits == answers  # one wait after every answer
+
+
+@pytest.mark.slow
+def test_spaced_requests_quick_measures_each_server_back_to_back_and_spaced_out(tmp_path: Path) -> None:
+    result, stdout = _bench("spaced_requests", tmp_path)
+    rows = {(row["mode"], row["server"]): row for row in result["rows"]}
+    assert list(rows) == [(mode, server) for mode in ("back to back", "400 req/s")
+                          for server in ("bare-protocol", "bare-bytes", "bench")]
+    for key, row in rows.items():
+        assert row["requests_per_s"] > 0 and row["server_cpu_us_per_answer"] > 0 and row["not_200"] == 0, row
+    for server in ("bare-protocol", "bare-bytes", "bench"):  # the think times held the rate near the one asked
+        assert rows[("400 req/s", server)]["requests_per_s"] < 600
+        assert rows[("back to back", server)]["cost_over_back_to_back"] == 1.0
+    assert rows[("400 req/s", "bare-bytes")]["cost_over_bare_bytes"] == 1.0
+    seen = result["identified"]  # the bench replayed each request, not drifted
+    assert seen["requests"] > 0 and seen["identified"] == seen["requests"] and seen["drifted"] == 0, seen
+    assert "think times from seed 0" in stdout and result["seed"] == 0
+    assert (tmp_path / "spaced_requests.csv").read_text().count("\n") == 7
+
+
 @pytest.mark.slow
 def test_tokenizer_speed_quick_measures_both_backends_on_identical_output(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
