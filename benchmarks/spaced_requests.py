@@ -52,22 +52,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_window_arguments(parser, "the three servers at every rate")
     parser.set_defaults(concurrency=8)
-    parser.add_argument("--rates", default="0,100,400,1600",
-                        help="requests a second asked of each server, comma-separated; 0: back to back (0,100,400,1600)")
+    parser.add_argument("--rates", help="requests a second asked of each server, comma-separated; 0: back to back "
+                                         "(0,100,400,1600; with --quick 0,400)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the think times (0)")
     parser.add_argument("--trace", default="rlvr-500", help="trace whose turn-0 prompts are sent (rlvr-500)")
     parser.add_argument("--requests", type=int, help="use only the first N trajectories (default all)")
     add_pinning_arguments(parser)
     args = parser.parse_args(argv)
     check_window_arguments(parser, args)
+    given = args.rates if args.rates is not None else "0,400" if args.quick else "0,100,400,1600"
     try:
-        args.rates = [float(rate) for rate in args.rates.split(",") if rate.strip()]
+        args.rates = [float(rate) for rate in given.split(",") if rate.strip()]
     except ValueError:
-        parser.error(f"--rates: {args.rates!r} is not a comma-separated list of numbers")
+        parser.error(f"--rates: {given!r} is not a comma-separated list of numbers")
     if not args.rates or any(rate < 0 for rate in args.rates):
-        parser.error("--rates: give at least one rate, none negative")
-    if args.quick:
-        args.rates = [0.0, 400.0]
+        parser.error(f"--rates: {given!r}: give at least one rate, none negative")
     return args
 
 
