@@ -76,6 +76,31 @@ def test_the_projects_own_module_runs_without_asking(whole_run: Path, tmp_path: 
     assert "(the current project)" in done.stdout and (project / "imported.marker").exists()
 
 
+def test_a_plug_in_in_the_working_directory_runs_and_reruns_from_the_command_line_script(tmp_path: Path) -> None:
+    """`rollout-bench` (the script, whose path lacks the working directory, unlike `python -m bench`) run from a
+    plug-in's own folder: the run, its repro and an in-process run all find the module there, as a worker does."""
+    script = Path(sys.executable).with_name("rollout-bench")
+    if not script.exists():
+        pytest.skip(f"no rollout-bench script beside {sys.executable}")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_target.py").write_text(PLUGIN, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(script), *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+
+    first = command("run", "--target", "my_target:Target:fixed", "--n", "4", "--plan", "none", "--time-scale", "0",
+                    "--out", "first")
+    assert first.returncode == 0, first.stderr[-2000:]
+    rerun = command("run", "--repro", "first/run.toml", "--out", "again", "--repro-reruns", "0")
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"module my_target from {(project / 'my_target.py').resolve()} (the current project)" in rerun.stdout
+    inline = command("run", "--target", "my_target:Target:fixed", "--n", "4", "--plan", "none", "--time-scale", "0",
+                     "--in-process", "--out", "inline")
+    assert inline.returncode == 0, inline.stderr[-2000:]
+
+
 def test_a_built_in_target_runs_without_asking(whole_run: Path, tmp_path: Path) -> None:
     done = _rerun(whole_run, tmp_path, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -5,6 +5,7 @@ the terminal and runs only with `--trust-plugin`."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -36,11 +37,14 @@ def target_provenance(spec: str, project: Path | None = None) -> Provenance:
         return Provenance(f"target {spec} (not a target spec)", False)
     module = parts[0]
     top = module.partition(".")[0]
+    root = (project or Path.cwd()).resolve()
     found = importlib.util.find_spec(top) if top not in sys.modules else getattr(sys.modules[top], "__spec__", None)
+    if found is None:  # the worker, started with `python -m`, has the working directory on its path: so look there
+        found = importlib.machinery.PathFinder.find_spec(top, [str(root)])
     origin = _origin(found)
     if origin is None:
-        return Provenance(f"target {spec}: module {module} (not found on this interpreter's path)", False)
-    inside = _within(origin, (project or Path.cwd()).resolve()) or _within(origin, _bench_root())
+        return Provenance(f"target {spec}: module {module} (not found on this interpreter's path or in {root})", False)
+    inside = _within(origin, root) or _within(origin, _bench_root())
     where = "the current project" if inside else "outside the current project"
     return Provenance(f"target {spec}: module {module} from {origin} ({where})", inside)
 

@@ -8,7 +8,11 @@ A target is named `NAME[:VARIANT]` (`ref-gather:fixed`) or given as `module:attr
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
+import os
 import sys
+from types import ModuleType
 from typing import Any, Callable
 
 from bench.records.sample import SERVED, TOKENS_SOURCES
@@ -105,10 +109,22 @@ def check_target_spec(spec: str) -> None:
     raise _unknown(spec)
 
 
+def _import_plug_in(module_name: str) -> ModuleType:
+    """The plug-in's module, found where its worker finds it: on the path, else in the working directory. A worker
+    starts as `python -m`, which puts the working directory on its path; the `rollout-bench` script's path lacks
+    it, so an in-process run would not see a module the same command finds in a worker."""
+    top = module_name.partition(".")[0]
+    here = os.getcwd()
+    if (top not in sys.modules and here not in sys.path and importlib.util.find_spec(top) is None
+            and importlib.machinery.PathFinder.find_spec(top, [here]) is not None):
+        sys.path.append(here)
+    return importlib.import_module(module_name)
+
+
 def _plug_in(spec: str, module_name: str, attr_name: str, variant: str | None) -> TargetAdapter:
     """A plug-in's adapter: an instance as is; a class or factory called with the variant (if one is given)."""
     try:
-        module = importlib.import_module(module_name)
+        module = _import_plug_in(module_name)
     except ImportError as error:
         raise TargetError(f"target {spec!r}: cannot import {module_name}: {error}") from None
     try:
