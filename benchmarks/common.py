@@ -103,12 +103,12 @@ def pin_to(core: int | None) -> int | None:
     return core
 
 
-def add_window_arguments(parser: argparse.ArgumentParser, servers: str) -> None:
+def add_window_arguments(parser: argparse.ArgumentParser, servers: str, connections: int = 64) -> None:
     """The measurement windows of a pinned server benchmark: their length, rounds (of `servers`), connections,
     warm-up."""
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per window (5)")
     parser.add_argument("--rounds", type=int, default=3, help=f"interleaved rounds of {servers} (3)")
-    parser.add_argument("--concurrency", type=int, default=64, help="keep-alive connections (64)")
+    parser.add_argument("--concurrency", type=int, default=connections, help=f"keep-alive connections ({connections})")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before each window (0.5)")
 
 

@@ -255,7 +255,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder ({DEFAULT_OUT})")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 and 20 trajectories, 1 and 3 turns")
     parser.add_argument("--run-cpu", action="store_true",
-                        help="measure issue 18's run (ref-tool-loop:fixed, seed-004, agentic-500) instead of the grid")
+                        help="measure the run aim's run (ref-tool-loop:fixed, seed-004, agentic-500) instead of the grid")
     parser.add_argument("--rounds", type=int, default=3, help="--run-cpu: runs measured (3)")
     parser.add_argument("--phases", action="store_true", help="--run-cpu: one more run, split by phase")
     parser.add_argument("--trace-cache", choices=("cold", "warm"), default="cold",
@@ -369,7 +369,7 @@ def phase_table(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 def run_cpu_markdown(payload: dict[str, Any]) -> str:
     info, verdict = payload["machine"], payload["verdict"]
-    lines = [f"# Bench CPU in issue 18's run ({info['date']})", "",
+    lines = [f"# Bench CPU in the run aim's run ({info['date']})", "",
              f"{info['cores']} cores, {info['cpu']}, Python {info['python']}; "
              f"`{payload['parameters']['command']}` over agentic-500.", "",
              "| round | load (1 min) | requests | bench CPU s | µs/request | target CPU s | bench/target CPU |",

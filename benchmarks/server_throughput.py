@@ -1,7 +1,7 @@
 """`python -m benchmarks.server_throughput`: the bench server's requests/s beside bare aiohttp, in one run.
 
-DESIGN.md's performance budget: the bench aims at 0.8 of a bare aiohttp handler returning a precomputed
-SGLang body, with replay and the fault engine on. Four servers answer the same `/generate` requests (the
+The design's performance budget (README, Benchmarks): the bench aims at 0.8 of a bare aiohttp handler returning a
+precomputed SGLang body, with replay and the fault engine on. Four servers answer the same `/generate` requests (the
 trace's turn-0 prompts with their recorded sampling parameters, named in `X-Bench-Trajectory` as the
 reference targets do, so each is identified, never drifted) with the same reply bytes:
 
@@ -56,7 +56,7 @@ WHAT = {
     "bench": "bench server, replay, no plan",
     "bench-plan": "bench server, replay + fault plan",
 }
-AIM = 0.8  # DESIGN.md, "Performance budget"
+AIM = 0.8  # the design's performance budget (README, Benchmarks: the performance aims)
 
 
 def trace_requests(trace: str, limit: int | None) -> list[tuple[str, bytes]]:
@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(fired)} fault types fired")
     plan_ratio = next(r["ratio_to_bare_bytes"] for r in rows if r["server"] == "bench-plan")
     verdict = "meets" if plan_ratio >= AIM else "is below"
-    print(f"bench-plan at {plan_ratio:.2f} of bare aiohttp {verdict} the {AIM} aim (DESIGN.md, Performance budget)")
+    print(f"bench-plan at {plan_ratio:.2f} of bare aiohttp {verdict} the design's {AIM} budget "
+          "(README, Benchmarks: the performance aims)")
     payload = {"benchmark": "server_throughput", "machine": info, "parameters": parameters,
                "servers": {kind: {"core": s.core} for kind, s in servers.items()}, "rows": rows,
                "reply_bytes_median": reply_bytes, "windows": windows, "identified": identified, "plan": plan_text,

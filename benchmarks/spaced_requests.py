@@ -50,8 +50,7 @@ RUN_AIM_US = 250  # issue 18: bench CPU per served request in `run --target ref-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.spaced_requests", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_window_arguments(parser, "the three servers at every rate")
-    parser.set_defaults(concurrency=8)
+    add_window_arguments(parser, "the three servers at every rate", connections=8)
     parser.add_argument("--rates", help="requests a second asked of each server, comma-separated; 0: back to back "
                                          "(0,100,400,1600; with --quick 0,400)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the think times (0)")
@@ -117,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         if rate:
             cost = {r["server"]: r["server_cpu_us_per_answer"] for r in rows if r["rate"] == rate}
             print(f"at {rate:g} requests/s: bare aiohttp {cost['bare-bytes']:.0f} us an answer, the bench server "
-                  f"{cost['bench']:.0f}; issue 18's aim for a whole run is {RUN_AIM_US} us a request, its checks, "
-                  "trace load and pacing included")
+                  f"{cost['bench']:.0f}; the run aim (README, Benchmarks) is {RUN_AIM_US} us a request for a whole "
+                  "run, its checks, trace load and pacing included")
     payload = {"benchmark": "spaced_requests", "machine": info, "parameters": parameters, "seed": args.seed,
                "rows": rows, "identified": identified,
                "windows": {f"{_mode(rate)} {kind}": found for (rate, kind), found in windows.items()}}

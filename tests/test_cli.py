@@ -57,3 +57,19 @@ def test_run_target_flags_reach_the_worker_or_fail_clearly(tmp_path: Path, capsy
     assert summary["isolation"] == "process" and summary["worker"]["python"] == sys.executable
     repro = (tmp_path / "c" / "repro.toml").read_text()  # seed-003's 429 rule never fires on 8: vacuity
     assert 'target_options = {"max_reschedules" = 2}' in repro
+
+
+def test_faults_lists_every_fault_type_and_the_readme_counts_them(capsys) -> None:  # type: ignore[no-untyped-def]
+    """`rollout-bench faults` prints each type of the catalogue; the README's count of them is the catalogue's."""
+    import re
+
+    from faults import FAULTS, fault_class
+
+    fault_class("abort")  # registers the catalogue
+    assert main(["faults"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line[:1].isalpha()
+              and not line.startswith("shipped plans")]
+    assert listed == sorted(FAULTS)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    counted = re.search(r"`rollout-bench faults` lists the (\d+) fault types", readme)
+    assert counted is not None and int(counted.group(1)) == len(FAULTS), counted
