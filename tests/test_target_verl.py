@@ -68,7 +68,7 @@ def test_shipped_buffer_trains_on_silently_partial_groups(shipped: RunResult, tm
     assert {v.invariant for v in shipped.violations} == {"group_completeness", "accounting"}
     # no crash: the summary says the work went to trajectories verl left out, not to a crash
     summary = write_report(shipped, tmp_path / "report")
-    assert "served for trajectories the target never gave back" in format_summary(summary)
+    assert "sent for trajectories the target never gave back (answered or cut)" in format_summary(summary)
     # what verl did hand the trainer is exactly what the server served
     assert {r.trajectory for r in shipped.records if r.outcome != "lost"} == {
         t for t, verdict in shipped.provenance.items() if verdict.startswith("match")}

@@ -235,7 +235,8 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
                                            if throughput['target_cpu_s'] is not None else "")))
     if summary.get("orphaned_requests"):
         whose = "the crash lost" if summary["batch_error"] else "the target never gave back"
-        lines.append(("orphaned requests", f"{summary['orphaned_requests']} served for trajectories {whose}"))
+        lines.append(("orphaned requests",
+                      f"{summary['orphaned_requests']} sent for trajectories {whose} (answered or cut)"))
     error = summary["batch_error"]
     if error:
         lines.append(("batch error", error.get("explanation") or f"{error['type']}: {error['message']}"))
