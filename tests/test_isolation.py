@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,13 +74,20 @@ def test_leaked_tasks_threads_and_stdout_chatter_stay_in_the_worker() -> None:
     assert "framework chatter on stdout" in log
 
 
-def test_a_blocked_event_loop_is_reported_as_a_hang_with_the_threads_stacks() -> None:
+def test_a_blocked_event_loop_is_reported_as_a_hang_with_the_threads_stacks(tmp_path: Path) -> None:
+    from bench.report import format_summary, write_report
+
     result = _run("tests.isolation_targets:BlocksTheLoop", n=4, watchdog_s=1.0)
     assert result.hang is not None and result.hang.stacks
     assert any("_spin_in_place" in stack for stack in result.hang.stacks)
     assert [r.outcome for r in result.records] == ["completed"] + ["lost"] * 3
     assert "liveness" in {v.invariant for v in result.violations}
     assert result.worker is not None and not alive(result.worker["pid"])
+    summary = write_report(result, tmp_path / "report")  # the terminal says where the stacks are, and they are there
+    assert "(their stacks: the liveness violation's evidence in summary.json)" in format_summary(summary)
+    written = json.loads((tmp_path / "report" / "summary.json").read_text())
+    liveness = next(v for v in written["violations"] if v["invariant"] == "liveness")
+    assert any("_spin_in_place" in stack for stack in liveness["evidence"]["stacks"])
 
 
 def test_a_missing_interpreter_or_unknown_attribute_is_a_clear_start_error() -> None:

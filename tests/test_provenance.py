@@ -211,3 +211,12 @@ def test_the_command_line_fails_the_run_and_prints_the_per_fault_line(tmp_path: 
     assert line.split(None, 1)[1].startswith(f"16 checked ({checks}): 15 match, 1 mismatch; 0 not checked")
     mismatch = [f for f, stats in summary["by_fault"].items() if stats["mismatch"]]
     assert len(mismatch) == 1 and f"mismatch by fault: {mismatch[0]} 1 of" in line
+
+
+def test_the_provenance_line_names_its_checks_and_leaves_out_empty_brackets() -> None:
+    from bench.report.summary import _provenance_line
+
+    nothing = {"match": 0, "mismatch": 0, "checks": {}, "not_checked": {"lost": 3}, "by_fault": {}}
+    assert _provenance_line(nothing) == "0 checked: 0 match, 0 mismatch; 3 not checked"
+    some = {**nothing, "match": 2, "checks": {"tokens+logprobs": 2}}
+    assert _provenance_line(some) == "2 checked (tokens+logprobs 2): 2 match, 0 mismatch; 3 not checked"

@@ -249,7 +249,8 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
         during = f" ({hang['requests_in_window']} requests meanwhile)" if kind == "livelock" else ""
         what = f"ended at its {hang['deadline_s']:g} s deadline" if kind == "deadline" else \
             f"no progress for {hang['idle_s']} s{during}"
-        lines.append((kind, f"{what}; {hang['pending_tasks']} tasks pending"))
+        stacks = " (their stacks: the liveness violation's evidence in summary.json)" if hang["pending_tasks"] else ""
+        lines.append((kind, f"{what}; {hang['pending_tasks']} tasks pending{stacks}"))
     provenance = summary.get("provenance")
     if provenance:
         lines.append(("provenance", _provenance_line(provenance)))
@@ -288,7 +289,8 @@ def _provenance_line(provenance: dict[str, Any]) -> str:
     """'500 checked: 497 match, 3 mismatch (tokens+logprobs 490, tokens 10); 20 not checked; mismatch by fault:
     abort 2 of 31'."""
     checks = ", ".join(f"{k} {v}" for k, v in provenance["checks"].items())
-    text = (f"{provenance['match'] + provenance['mismatch']} checked ({checks}): {provenance['match']} match, "
+    text = (f"{provenance['match'] + provenance['mismatch']} checked{f' ({checks})' if checks else ''}: "
+            f"{provenance['match']} match, "
             f"{provenance['mismatch']} mismatch; {sum(provenance['not_checked'].values())} not checked")
     faulty = [f"{fault} {stats['mismatch']} of {stats['checked']}" for fault, stats in provenance["by_fault"].items()
               if stats["mismatch"]]
