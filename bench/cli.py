@@ -218,8 +218,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     target_options = _target_options(args)
     if args.repro:
         if args.plan or args.fault or args.n is not None or args.trace != DEFAULT_TRACE:
+            whole = Path(args.repro).name == "run.toml"  # already the whole run's file: nothing bigger to rerun
             raise ValueError("--repro replays the trajectories, trace and rules its file recorded: --plan, --fault, "
-                             "--n and --trace do not apply (edit the file, or rerun its run.toml)")
+                             "--n and --trace do not apply (edit the file"
+                             + (")" if whole else ", or rerun its run.toml)"))
         if args.target:
             options["target"] = args.target  # the same failure against another variant: your fix
         config = load_repro(args.repro, **options).config

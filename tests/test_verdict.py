@@ -133,3 +133,7 @@ def test_the_repro_reruns_against_the_fix_and_a_top_level_module_plugs_in(tmp_pa
     refused = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(out / "repro.toml"),
                               "--n", "5"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert refused.returncode == 2 and "--n and --trace do not apply" in refused.stderr
+    assert "or rerun its run.toml" in refused.stderr  # a repro of a part: the whole run's file is the bigger rerun
+    whole = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(out / "run.toml"), "--n", "5"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert whole.returncode == 2 and "(edit the file)" in whole.stderr  # already the whole run's: no advice to rerun it
