@@ -288,14 +288,8 @@ def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signall
               file=sys.stderr, flush=True)
         outcomes = write_repros(result, out, budget=Budget(reruns=args.repro_reruns))
         add_to_summary(out, "repros", [o.to_dict() for o in outcomes])
-        for outcome in outcomes:
-            what = f"{outcome.signature.invariant}" + (f" ({outcome.signature.error_type})"
-                                                       if outcome.signature.error_type else "")
-            if outcome.path is not None:
-                print(f"repro: {outcome.path.resolve()}  {what}, seen failing the same way "
-                      f"(rerun: rollout-bench run --repro {outcome.path})")
-            else:
-                print(f"repro: none for {what}: {outcome.note}")
+        for line in _repro_lines([o.to_dict() for o in outcomes]):
+            print(line)
     else:
         write_config(result.config, out / "run.toml", result=result)
     _suggest_warm_worker(result.worker)
@@ -492,9 +486,25 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if note:
             print(f"sweep: {note}", file=sys.stderr)
         return 0
-    print(format_summary(rerender(args.folder), str(Path(args.folder).resolve())))
+    summary = rerender(args.folder)
+    print(format_summary(summary, str(Path(args.folder).resolve())))
     print(f"report: {Path(args.folder).resolve()}")
+    for line in _repro_lines(summary.get("repros") or []):  # as the run printed them
+        print(line)
     return 0
+
+
+def _repro_lines(repros: list[dict[str, Any]]) -> list[str]:
+    """The terminal's line for each repro of a run (`ReproOutcome.to_dict`s, as summary.json keeps them)."""
+    lines = []
+    for repro in repros:
+        what = repro["invariant"] + (f" ({repro['error_type']})" if repro.get("error_type") else "")
+        if repro.get("path"):
+            lines.append(f"repro: {Path(repro['path']).resolve()}  {what}, seen failing the same way "
+                         f"(rerun: rollout-bench run --repro {repro['path']})")
+        else:
+            lines.append(f"repro: none for {what}: {repro.get('note', '')}")
+    return lines
 
 
 def _cmd_tokenizer(args: argparse.Namespace) -> int:

@@ -122,6 +122,10 @@ def test_the_repro_reruns_against_the_fix_and_a_top_level_module_plugs_in(tmp_pa
                            capture_output=True, text=True, timeout=300, cwd=ROOT,
                            env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
     assert first.returncode == 1 and (out / "repro.toml").is_file(), first.stderr
+    reread = subprocess.run([sys.executable, "-m", "bench", "report", str(out)], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    printed = [line for line in first.stdout.splitlines() if line.startswith("repro: ")]
+    assert printed and [line for line in reread.stdout.splitlines() if line.startswith("repro: ")] == printed
     fixed = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(out / "repro.toml"),
                             "--target", "verdict_targets:FixedGatherKeyError", "--seed", "7",
                             "--out", str(tmp_path / "fixed")], capture_output=True, text=True, timeout=300,
