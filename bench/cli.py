@@ -275,6 +275,9 @@ def _report_and_repros(args: argparse.Namespace, result: Any, out: Path, signall
         return 2
     print(format_summary(summary, str(out.resolve())))
     print(f"report: {out.resolve()}")
+    if args.n is not None and args.n > len(result.records) and not result.interrupted:
+        print(f"run: --n {args.n}, but the trace has {len(result.records)} trajectories: all of them ran",
+              file=sys.stderr)
     if signalled:
         name = _signal_name(signalled[0])
         write_config(result.config, out / "run.toml", result=result)

@@ -73,3 +73,11 @@ def test_faults_lists_every_fault_type_and_the_readme_counts_them(capsys) -> Non
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     counted = re.search(r"`rollout-bench faults` lists the (\d+) fault types", readme)
     assert counted is not None and int(counted.group(1)) == len(FAULTS), counted
+
+
+def test_an_n_beyond_the_trace_runs_every_trajectory_and_says_so(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["run", "--target", "ref-gather:fixed", "--trace", "retool-64", "--n", "1000", "--plan", "none",
+                 "--time-scale", "0", "--in-process", "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["trajectories"] == 64
+    assert "run: --n 1000, but the trace has 64 trajectories: all of them ran" in capsys.readouterr().err
