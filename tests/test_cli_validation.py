@@ -72,6 +72,15 @@ def test_an_out_that_is_a_file_or_an_unwritable_junit_fails_before_the_run(tmp_p
     assert a_file.read_text() == "not a folder\n" and not (tmp_path / "out").exists()
 
 
+def test_a_junit_in_a_folder_that_does_not_exist_fails_before_the_run(tmp_path: Path) -> None:
+    junit = tmp_path / "no-such-folder" / "x.xml"  # root may create folders anywhere, but the report does not
+    done, took = _run(["--junit", str(junit)], tmp_path / "out")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"--junit {junit}: its folder {junit.parent} does not exist" in done.stderr, done.stderr
+    assert took < STARTS_WITHIN_S, f"took {took:.2f} s"
+    assert not (tmp_path / "out").exists() and not junit.parent.exists()  # nothing ran
+
+
 def test_an_existing_report_folder_is_refused_unless_forced(tmp_path: Path) -> None:
     out = tmp_path / "report"
     out.mkdir()
