@@ -134,7 +134,7 @@ def check_report_folder(option: str, path: str | Path, force: bool) -> Path:
 
 
 def check_output_file(option: str, path: str | Path) -> Path:
-    """A file the command will write: not a folder, and its folder writable (or creatable)."""
+    """A file the command will write: not a folder, in an existing folder that is writable."""
     file = Path(path)
     if file.is_dir():
         raise ArgumentError(f"{option} {file}: is a folder, not a file")
@@ -142,7 +142,12 @@ def check_output_file(option: str, path: str | Path) -> Path:
         if not os.access(file, os.W_OK):
             raise ArgumentError(f"{option} {file}: exists and is not writable")
         return file
-    _writable_folder(option, file, file.parent)
+    folder = file.parent  # written where it is, so its folder must be there already (an --out is created, this is not)
+    if not folder.exists():
+        raise ArgumentError(f"{option} {file}: its folder {folder} does not exist")
+    if not folder.is_dir():
+        raise ArgumentError(f"{option} {file}: {folder} is a file, not a folder")
+    _writable_folder(option, file, folder)
     return file
 
 

@@ -144,7 +144,8 @@ def _rule_lines(text: str) -> list[int]:
     return [n for n, line in enumerate(text.splitlines(), start=1) if re.match(r"\s*\[\[\s*rules\s*\]\]", line)]
 
 
-def _key_line(text: str, start: int, key: str) -> int:
+def key_line(text: str, start: int, key: str) -> int:
+    """The line of `key = ...` in the TOML section starting at line `start` (1: the top-level keys); `start` if absent."""
     lines = text.splitlines()
     for number in range(start, len(lines) + 1):
         line = lines[number - 1]
@@ -171,41 +172,48 @@ def parse_plan(text: str, path: str, *, default_name: str = "plan") -> Plan:
     unknown = set(data) - set(PLAN_KEYS)
     if unknown:
         key = sorted(unknown)[0]
-        raise PlanError(f"{path}:{_key_line(text, 1, key)}: unknown plan key {key!r}; valid: {', '.join(PLAN_KEYS)}")
+        raise PlanError(f"{path}:{key_line(text, 1, key)}: unknown plan key {key!r}; valid: {', '.join(PLAN_KEYS)}")
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise PlanError(f"{path}:{_key_line(text, 1, 'seed')}: seed must be an integer, got {seed!r}")
+        raise PlanError(f"{path}:{key_line(text, 1, 'seed')}: seed must be an integer, got {seed!r}")
     window_from = data.get("window_from", FIRST_REQUEST)
     if window_from not in WINDOW_FROM:
-        raise PlanError(f"{path}:{_key_line(text, 1, 'window_from')}: window_from must be one of "
+        raise PlanError(f"{path}:{key_line(text, 1, 'window_from')}: window_from must be one of "
                         f"{', '.join(repr(w) for w in WINDOW_FROM)}; got {window_from!r}")
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
-            raise PlanError(f"{path}:{_key_line(text, 1, key)}: {key} must be a string, got {data[key]!r}")
+            raise PlanError(f"{path}:{key_line(text, 1, key)}: {key} must be a string, got {data[key]!r}")
     tables = data.get("rules", [])
     if not isinstance(tables, list):
-        raise PlanError(f"{path}:{_key_line(text, 1, 'rules')}: rules must be an array of tables ([[rules]] "
+        raise PlanError(f"{path}:{key_line(text, 1, 'rules')}: rules must be an array of tables ([[rules]] "
                         f"sections), got {tables!r}")
-    starts = _rule_lines(text)
-    rules = []
-    for index, values in enumerate(tables):
-        start = starts[index] if index < len(starts) else _key_line(text, 1, "rules")
-        if not isinstance(values, dict):
-            raise PlanError(f"{path}:{start}: rule {index}: a rule is a table (a [[rules]] section with `fault` "
-                            f"and its keys), got {values!r}")
-        try:
-            rules.append(make_rule(values, f"{values.get('fault', 'rule')}#{index}"))
-        except (ScheduleError, RuleValueError) as error:
-            raise PlanError(f"{path}:{_key_line(text, start, error.key)}: rule {index}: {error}") from None
-        except FaultError as error:
-            key = _offending_key(str(error), values)
-            raise PlanError(f"{path}:{_key_line(text, start, key)}: rule {index}: {error}") from None
+    rules = rules_from_tables(text, path, tables, "{fault}#{index}")
     seen: set[str] = set()  # one pass: `list.count` per name made a 20,000-rule plan quadratic
     duplicate = next((r.name for r in rules if r.name in seen or seen.add(r.name)), None)
     if duplicate:
         raise PlanError(f"{path}: rule name {duplicate!r} is used twice")
     return Plan(str(data.get("name", default_name)), seed, tuple(rules), str(data.get("description", "")), path,
                 window_from)
+
+
+def rules_from_tables(text: str, path: str, tables: list[Any], default_name: str) -> list[Rule]:
+    """The rules of a TOML file's `[[rules]]` tables (a plan file, a repro file); a bad one names the file, the line
+    of its key at fault and the rule: `path:LINE: rule N: ...`. `default_name` formats `fault` and `index`."""
+    starts = _rule_lines(text)
+    rules = []
+    for index, values in enumerate(tables):
+        start = starts[index] if index < len(starts) else key_line(text, 1, "rules")
+        if not isinstance(values, dict):
+            raise PlanError(f"{path}:{start}: rule {index}: a rule is a table (a [[rules]] section with `fault` "
+                            f"and its keys), got {values!r}")
+        try:
+            rules.append(make_rule(values, default_name.format(fault=values.get("fault", "rule"), index=index)))
+        except (ScheduleError, RuleValueError) as error:
+            raise PlanError(f"{path}:{key_line(text, start, error.key)}: rule {index}: {error}") from None
+        except FaultError as error:
+            key = _offending_key(str(error), values)
+            raise PlanError(f"{path}:{key_line(text, start, key)}: rule {index}: {error}") from None
+    return rules
 
 
 def _offending_key(message: str, values: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ called the server does not pass."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -72,6 +73,15 @@ def test_an_out_that_is_a_file_or_an_unwritable_junit_fails_before_the_run(tmp_p
     assert a_file.read_text() == "not a folder\n" and not (tmp_path / "out").exists()
 
 
+def test_a_junit_in_a_folder_that_does_not_exist_fails_before_the_run(tmp_path: Path) -> None:
+    junit = tmp_path / "no-such-folder" / "x.xml"  # root may create folders anywhere, but the report does not
+    done, took = _run(["--junit", str(junit)], tmp_path / "out")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"--junit {junit}: its folder {junit.parent} does not exist" in done.stderr, done.stderr
+    assert took < STARTS_WITHIN_S, f"took {took:.2f} s"
+    assert not (tmp_path / "out").exists() and not junit.parent.exists()  # nothing ran
+
+
 def test_an_existing_report_folder_is_refused_unless_forced(tmp_path: Path) -> None:
     out = tmp_path / "report"
     out.mkdir()
@@ -103,6 +113,23 @@ def test_report_refuses_a_truncated_table(tmp_path: Path) -> None:
     table.write_bytes(b"".join(whole.splitlines(keepends=True)[:-1]))  # a whole row gone
     short = subprocess.run(report, capture_output=True, text=True)
     assert short.returncode != 0 and "rows" in short.stderr and "Traceback" not in short.stderr, short.stderr
+
+
+def test_report_and_load_report_name_a_cut_off_summary_json(tmp_path: Path) -> None:
+    from bench import load_report
+
+    out = tmp_path / "report"
+    done, _ = _run(FIXED, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = out / "summary.json"
+    whole = summary.read_text()
+    summary.write_text(whole[: len(whole) // 2])  # cut off, as a full disk or a killed copy leaves it
+    cut = subprocess.run([sys.executable, "-m", "bench", "report", str(out)], capture_output=True, text=True)
+    named = f"{summary}: not valid JSON (line "
+    assert cut.returncode == 2 and named in cut.stderr and "cut off" in cut.stderr, cut.stderr
+    assert "Traceback" not in cut.stderr
+    with pytest.raises(ValueError, match=re.escape(named)):
+        load_report(out)  # the notebook API says the same
 
 
 def test_a_run_whose_target_sent_no_request_is_no_sweep_pass() -> None:

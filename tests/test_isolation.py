@@ -99,6 +99,27 @@ def test_a_missing_interpreter_or_unknown_attribute_is_a_clear_start_error() -> 
         _run("tests.isolation_targets:Nothing", n=2)
 
 
+def test_a_framework_target_without_its_environment_says_where_it_looked_and_how_to_build_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from bench.isolation import TargetStartError
+
+    if importlib.util.find_spec("miles") is not None:
+        pytest.skip("miles is installed in the bench's own environment: its worker would start")
+    monkeypatch.setenv("ROLLOUT_BENCH_TARGETS_DIR", str(tmp_path))  # an empty folder: no environment built there
+    monkeypatch.delenv("ROLLOUT_BENCH_MILES_PYTHON", raising=False)
+    with pytest.raises(TargetStartError) as caught:
+        _run("miles", n=2)  # falls back to the bench's interpreter, which has no miles
+    message = str(caught.value)
+    assert f"could not start under {sys.executable}: ModuleNotFoundError: No module named 'miles'" in message
+    assert str(tmp_path / "miles" / "bin" / "python") in message and "make targets TARGETS=miles" in message
+    assert "ROLLOUT_BENCH_TARGETS_DIR" in message
+    with pytest.raises(TargetStartError) as plugin:
+        _run("no_such_plugin_module:Target", n=2)  # a plug-in keeps its own message: no environment of ours to build
+    assert "No module named 'no_such_plugin_module'" in str(plugin.value) and "make targets" not in str(plugin.value)
+
+
 def test_python_needs_a_process() -> None:
     with pytest.raises(ValueError, match="isolation='process'"):
         RunConfig(isolation="inline", python=sys.executable)

@@ -124,6 +124,28 @@ def test_repro_file_reproduces_the_crash_on_one_trajectory(unfixed: RunResult, t
                        tmp_path / "none.toml") is None
 
 
+@pytest.mark.parametrize("prefix, replacement, says", [
+    ("seed = ", 'seed = "abc"', "seed: not an integer: 'abc'"),
+    ('fault = "', 'fault = "no_such_fault"', "rule 0: unknown fault 'no_such_fault'"),
+    ("p = ", 'p = "often"', "rule 0: p: expected a probability"),
+    ("concurrency = ", "concurrency = 0", "concurrency=0: needs at least 1"),
+    ("max_weight_lag = ", "max_weigth_lag = 1", "bounds.max_weigth_lag: not a bound"),
+], ids=["seed", "fault", "p", "concurrency", "bound"])
+def test_a_broken_repro_file_names_the_key_and_its_line(unfixed: RunResult, tmp_path: Path, prefix: str,
+                                                       replacement: str, says: str) -> None:
+    from bench.orchestration.repro import load_repro, write_config
+    from faults import PlanError
+
+    lines = write_config(unfixed.config, tmp_path / "run.toml", result=unfixed).read_text().splitlines()
+    number = next(n for n, line in enumerate(lines, start=1) if line.startswith(prefix))
+    lines[number - 1] = replacement  # a hand edit gone wrong
+    broken = tmp_path / "broken.toml"
+    broken.write_text("\n".join(lines) + "\n")
+    with pytest.raises(PlanError) as caught:
+        load_repro(broken)
+    assert str(caught.value).startswith(f"{broken}:{number}: {says}"), caught.value
+
+
 _SIDE_WORK_SCRIPT = """
 import asyncio, json, time
 from bench import RunConfig, run

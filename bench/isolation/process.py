@@ -25,6 +25,7 @@ from typing import Any
 
 from bench.records.sample import ErrorInfo
 from bench.targets.base import Emit, RolloutJob
+from bench.targets.frameworks.envs import IMPORT_ERRORS, missing_environment_hint
 
 from .capped_log import CappedLog, LogPipe
 from .escapees import RUN_MARKER, kill_marked, new_marker
@@ -223,8 +224,10 @@ class IsolatedTarget:
                 break
             elif kind == "fatal":
                 error = error_from_dict(message["error"])
+                hint = missing_environment_hint(self.spec) if error.type in IMPORT_ERRORS else None
                 raise TargetStartError(f"target {self.spec!r} could not start under {self.python}: "
-                                       f"{error.type}: {error.message}\n{await asyncio.to_thread(self._log_tail)}")
+                                       f"{error.type}: {error.message}" + (f"\n{hint}" if hint else "") +
+                                       f"\n{await asyncio.to_thread(self._log_tail)}")
         if not done:
             status = await self._process.wait()
             raise WorkerDied(f"worker for {self.spec!r} (pid {self.worker_pid}) exited with status {status} "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import sys
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -26,10 +25,11 @@ from typing import Any, Callable, Iterable
 from bench import __version__
 from bench.invariants import Bounds, Violation
 from bench.records.atomic_write import write_text
-from faults import FaultEvent, Plan, PlanError, Rule, make_rule
+from faults import FaultEvent, Plan, Rule, make_rule
 from faults.plan import rule_table, toml_value
 
 from .known import shipped_known
+from .repro_file import config_error, read_repro_data, repro_rules
 from .runner import RunConfig, RunResult, run_blocking
 
 # Invariants judged over a whole group (or the batch around it): their repros keep whole groups.
@@ -400,21 +400,15 @@ class Repro:
 
 
 def load_repro(path: str | Path, **overrides: Any) -> Repro:
-    """The run a repro (or run.toml) file describes; keyword arguments override what it recorded."""
+    """The run a repro (or run.toml) file describes; keyword arguments override what it recorded. A problem with
+    the file names it, the line and the key (`repro.toml:9: seed: not an integer: 'abc'`)."""
     path = Path(path)
+    text, data = read_repro_data(path)
+    rules = repro_rules(text, path, data)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-        if "rules" in data:
-            rules = [make_rule(dict(table), str(table.get("name", f"rule{index}")))
-                     for index, table in enumerate(data["rules"])]
-        else:  # a repro file of an earlier version: one exact rule per recorded event
-            rules = [make_rule({"fault": e["fault"], **e.get("params", {}), "trajectories": [e["trajectory"]],
-                                "turns": [e["turn"]], "attempts": [e["attempt"]]}, f"{e['rule']}@{index}")
-                     for index, e in enumerate(data.get("events", []))]
-        name = str(data["plan"])  # run.toml (no invariant) is the run itself, under its own plan's name
+        name = data["plan"]  # run.toml (no invariant) is the run itself, under its own plan's name
         repro_name = name if name.startswith("repro of ") or "invariant" not in data else f"repro of {name}"
-        plan = Plan(repro_name, int(data["seed"]), tuple(rules),
-                    f"repro: {data.get('invariant', 'run')}", str(path),
+        plan = Plan(repro_name, data["seed"], tuple(rules), f"repro: {data.get('invariant', 'run')}", str(path),
                     **({"window_from": data["window_from"]} if "window_from" in data else {}))
         recorded: dict[str, Any] = {"isolation": data.get("isolation", "process"),
                                     "target_options": dict(data.get("target_options", {})), "known": data.get("known")}
@@ -428,5 +422,5 @@ def load_repro(path: str | Path, **overrides: Any) -> Repro:
                         trajectories=list(data["trajectories"]) if "trajectories" in data else None)
         config = RunConfig(**{**recorded, **overrides})
         return Repro(config, data.get("invariant", ""))
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as error:
-        raise PlanError(f"{path}: not a usable repro file ({type(error).__name__}: {error})") from None
+    except (KeyError, TypeError, ValueError) as error:
+        raise config_error(text, path, data, error) from None

@@ -21,7 +21,7 @@ from .junit import write_junit
 from .plots import write_plots
 from .served import SERVED_FILE, ServedArrays
 from .summary import format_summary, summarize
-from .tables import frames, read_tables, write_tables
+from .tables import frames, read_json, read_tables, write_tables
 
 
 def write_report(result: RunResult, folder: str | Path, junit: str | Path | None = None) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def write_report(result: RunResult, folder: str | Path, junit: str | Path | None
 def add_to_summary(folder: str | Path, key: str, value: Any) -> None:
     """Add what was learnt after the report was written (the verified repros) to its `summary.json`."""
     path = Path(folder) / "summary.json"
-    summary = json.loads(path.read_text(encoding="utf-8"))
+    summary = read_json(path)
     summary[key] = value
     write_text(path, json.dumps(summary, indent=2, default=str) + "\n")
 
@@ -66,7 +66,7 @@ def load(folder: str | Path) -> dict[str, Any]:
     if (folder / "sweep.csv").exists() or (folder / "sweep.parquet").exists():
         return load_sweep(folder)
     out: dict[str, Any] = dict(read_tables(folder))
-    out["summary"] = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    out["summary"] = read_json(folder / "summary.json")
     rows, expected = len(out["trajectories"]), out["summary"].get("trajectories")
     if isinstance(expected, int) and rows != expected:
         raise ValueError(f"{folder}: the trajectories table has {rows} rows, summary.json says {expected}: "

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -76,6 +78,17 @@ def _check_complete(csv: Path) -> None:
         file.seek(size - 1)
         if file.read(1) != b"\n":
             raise ValueError(f"{csv}: truncated: its last line is incomplete (the file was cut off)")
+
+
+def read_json(path: Path) -> Any:
+    """A report's JSON file (`summary.json`, a sweep's `sweep.json`); one cut off or edited by hand names itself,
+    where json's own error ("Expecting value: line 69 column 17") says neither which file nor what is wrong."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        cut_off = not error.doc.rstrip().endswith(("}", "]"))  # the bench writes whole documents only
+        raise ValueError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}): {error.msg}"
+                         + ("; it ends early (the file was cut off)" if cut_off else "")) from None
 
 
 def read_tables(folder: Path) -> dict[str, pd.DataFrame]:

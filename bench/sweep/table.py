@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from bench.records.atomic_write import atomic_path
-from bench.report.tables import parquet_available, read_tables
+from bench.report.tables import parquet_available, read_json, read_tables
 from bench.records.sample import OUTCOMES
 
 from .liveness import KILLED, effective_status, sweep_status_note
@@ -188,7 +188,7 @@ def load_sweep(folder: str | Path) -> dict[str, Any]:
     runs, frames["sweep_faults"] = _typed(frames["sweep"]), _typed(frames["sweep_faults"])
     runs["report"] = [str((folder / str(path)).resolve()) for path in runs["report"]]
     summary_path = folder / "sweep.json"
-    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {}
+    summary = read_json(summary_path) if summary_path.exists() else {}
     if summary.get("status") == "running" and effective_status(summary) == KILLED:  # SIGKILLed: it could not say
         summary = {**summary, "status": KILLED, "recorded_status": "running",
                    "status_note": sweep_status_note(summary)}

@@ -55,3 +55,27 @@ def environment_python(folder: str) -> str | None:
     """The interpreter of one environment folder (`verl-0.9`), or None if it was not built."""
     python = targets_dir() / folder / "bin" / "python"
     return str(python) if python.exists() else None
+
+
+# the Makefile rule that builds an environment folder: `make targets` builds the default set (TARGETS=... for some),
+# the optional ones have their own rule
+BUILT_BY = {"slime": "make slime-env", "open-instruct": "make open-instruct-env", "prime-rl": "make prime-rl-env"}
+IMPORT_ERRORS = ("ModuleNotFoundError", "ImportError")
+
+
+def missing_environment_hint(name: str) -> str | None:
+    """What to do when a built-in framework target failed to import because its environment was not found: the
+    worker then ran under the bench's own interpreter, and "No module named 'miles'" alone does not say that the
+    bench looks for an environment, where, or how one is built. None for a plug-in or a target whose one was found."""
+    family = name.partition(":")[0]
+    folders = TARGET_ENVS.get(family)
+    if not folders or target_python(family) is not None:
+        return None
+    variable = f"ROLLOUT_BENCH_{family.upper().replace('-', '_')}_PYTHON"
+    if os.environ.get(variable):
+        return f"{variable}={os.environ[variable]} does not exist; unset it or name {family}'s interpreter"
+    looked = " or ".join(str(targets_dir() / folder / "bin" / "python") for folder in folders)
+    build = BUILT_BY.get(folders[0], f"make targets TARGETS={folders[0]}")
+    return (f"{family} runs in its own environment, and none was found (looked for {looked}): build it with "
+            f"`{build}` in the bench's checkout (TARGETS_DIR=DIR builds it elsewhere), or set "
+            f"ROLLOUT_BENCH_TARGETS_DIR to the folder that holds it, or give its interpreter with --python")
