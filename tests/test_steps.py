@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import xml.etree.ElementTree as ET
 
 from bench import RunConfig, RunResult
 from bench.orchestration.runner import run_blocking
 from bench.steps.checks import MIN_STEPS_FOR_GROWTH
 from bench.report import load
+from bench.report.junit import write_junit
 from bench.steps.run import StepsError
 from faults import plan_from_specs
 
@@ -72,7 +74,7 @@ def test_an_orphaned_task_calling_the_server_after_its_step_is_caught() -> None:
     assert fixed.violations == [], [v.message for v in fixed.violations]
 
 
-def test_a_singleton_a_failed_step_dirtied_is_reported_as_carried_over() -> None:
+def test_a_singleton_a_failed_step_dirtied_is_reported_as_carried_over(tmp_path: Path) -> None:
     fault = "http_error:status=500,p=1,steps=2"  # every request of step 2 fails: ref-step-singleton is fail-fast
     unfixed = _run("ref-step-singleton:unfixed", fault, on_step_failure="continue")
     carried = [v for v in unfixed.violations if v.invariant == "step_carryover"]
@@ -86,8 +88,14 @@ def test_a_singleton_a_failed_step_dirtied_is_reported_as_carried_over() -> None
     assert len({f["worker_pid"] for f in fresh} | {unfixed.worker["pid"]}) == 3  # type: ignore[index]
     assert unfixed.steps["first_violation"]["step"] == 3  # type: ignore[index]
     assert _names(unfixed) == ["step_carryover", "step_carryover"]  # step 2 failed closed on the fault: correct
+    suite = ET.parse(write_junit(unfixed, tmp_path / "unfixed.xml")).getroot()  # CI sees the finding, not 0 failures
+    failed = {case.get("name"): case.find("failure") for case in suite if case.find("failure") is not None}
+    assert suite.get("failures") == "1" and list(failed) == ["step_carryover"]
+    assert "step 3 failed after step 2 had failed" in (failed["step_carryover"].text or "")
     fixed = _run("ref-step-singleton:fixed", fault, on_step_failure="continue")
     assert fixed.violations == [], [v.message for v in fixed.violations]
+    passed = ET.parse(write_junit(fixed, tmp_path / "fixed.xml")).getroot()
+    assert passed.get("failures") == "0" and "step_carryover" in {case.get("name") for case in passed}
     outcomes = {row["step"]: (row["n_completed"], row["n_lost"]) for row in fixed.steps["rows"]}  # type: ignore[index]
     assert outcomes == {0: (N, 0), 1: (N, 0), 2: (0, N), 3: (N, 0), 4: (N, 0)}  # the step after the failure runs
 

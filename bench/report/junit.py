@@ -10,6 +10,7 @@ from typing import Any
 from bench.invariants import INVARIANTS, Violation
 from bench.orchestration.runner import RunResult
 from bench.records.atomic_write import atomic_path
+from bench.steps.checks import CHECKS as STEP_CHECKS
 
 
 def _tracebacks(violations: list[Violation]) -> str:
@@ -33,9 +34,19 @@ def _provenance_properties(case: ET.Element, provenance: dict[str, Any]) -> str:
     return "\n\nmismatch by fault type: " + "; ".join(lines) if lines else ""
 
 
+def _cases(result: RunResult) -> list[str]:
+    """The test cases: the invariants checked, a multi-step run's checks across steps, and any other check a finding
+    came from, so that no failure the run counts is missing from the file."""
+    cases = list(result.config.invariants or INVARIANTS)
+    if result.config.steps > 1:
+        cases += STEP_CHECKS
+    found = [v.invariant for v in result.violations] + [k.violation.invariant for k in result.known_violations]
+    return list(dict.fromkeys(cases + found))
+
+
 def write_junit(result: RunResult, path: Path, provenance: dict[str, Any] | None = None) -> Path:
     """`provenance`: the summary's provenance block, for that test case's per-fault properties."""
-    checked = result.config.invariants or list(INVARIANTS)
+    checked = _cases(result)
     suite = ET.Element("testsuite", name=f"rollout-bench {result.target}",
                        tests=str(len(checked) + bool(result.interrupted)),
                        failures=str(len({v.invariant for v in result.violations})),

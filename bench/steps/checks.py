@@ -40,6 +40,7 @@ from faults import FaultEvent
 
 from .board import ADAPTER, StepBoard, StepState
 
+CHECKS = ("step_resources", "step_late_requests", "step_carryover", "step_weights", "step_lag")  # a multi-step run's
 COUNTED = ("tasks", "threads", "sockets", "fds", "children")  # sockets before fds: see `resource_growth`
 RSS_BOUND_BYTES = 64 * 1024 * 1024
 # A count is judged from the end of step 1 on: the first step fills the pools (a client's connections growing to
