@@ -135,6 +135,8 @@ def test_matching_by_invariant_target_outcome_and_trajectory() -> None:
     ('[[known]]\ninvariant = "context_budget"\nreason = "x"\ntrajectories = "g1"\n', "trajectories must be"),
     ('[[known]]\ninvariant = "context_budget"\nreason = "x"\ntarget = 3\n', "target must be a string"),
     ('[[known]]\ninvariant = "provenance"\nreason = "x"\nfault = ["abort"]\n', "fault must be a string"),
+    ('[[known]]\ninvariant = "provenance"\nreason = "x"\nfault = "missing_logprob"\n',
+     "entry 1: fault: unknown fault 'missing_logprob'; valid faults: abort,"),
     ('[known]\ninvariant = "x"\n', "known must be an array of tables ([[known]]), got dict"),
     ('known = [1]\n', "entry 1: expected a table"),
     ('title = "x"\n', "unknown top-level key(s) title"),

@@ -30,6 +30,7 @@ from typing import Any
 
 from bench.invariants import INVARIANTS, Violation
 from bench.targets.frameworks import FRAMEWORKS_DIR, KNOWN_FINDINGS
+from faults.base import FaultError, fault_class
 
 _KEYS = {"invariant", "reason", "target", "recorded_outcome", "trajectories", "fault", "link"}
 
@@ -122,6 +123,11 @@ def _finding(path: Path, number: int, entry: Any) -> KnownFinding:
     for key in ("target", "recorded_outcome", "link", "fault"):
         if key in entry and not isinstance(entry[key], str):
             raise KnownFindingsError(f"{where}: {key} must be a string, got {entry[key]!r}")
+    if "fault" in entry:  # a misspelt fault type would never match: the entry would silently know nothing
+        try:
+            fault_class(entry["fault"])
+        except FaultError as error:
+            raise KnownFindingsError(f"{where}: fault: {error}") from None
     trajectories = entry.get("trajectories")
     if trajectories is not None and (not isinstance(trajectories, list) or not trajectories
                                      or not all(isinstance(t, str) for t in trajectories)):
