@@ -283,6 +283,8 @@ def test_the_command_line_writes_the_per_step_table_and_plot(tmp_path: object) -
     assert [int(row["threads"]) - int(rows[0]["threads"]) for row in rows] == [0, 1, 2, 3]
     assert (out / "steps.png").stat().st_size > 10_000
     assert "steps = 4" in (out / "run.toml").read_text()  # the rerun of the whole run is a multi-step run too
+    table = load(out)["steps"]  # the notebook API has the per-step table too, as steps.csv has it
+    assert table["step"].tolist() == [0, 1, 2, 3] and table["threads"].tolist() == [int(r["threads"]) for r in rows]
 
 
 def test_a_multi_step_repro_reruns_the_run_up_to_its_failing_step(tmp_path: object) -> None:

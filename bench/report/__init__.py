@@ -21,7 +21,7 @@ from .junit import write_junit
 from .plots import write_plots
 from .served import SERVED_FILE, ServedArrays
 from .summary import format_summary, summarize
-from .tables import frames, read_json, read_tables, write_tables
+from .tables import TABLES, frames, read_json, read_tables, write_tables
 
 
 def write_report(result: RunResult, folder: str | Path, junit: str | Path | None = None) -> dict[str, Any]:
@@ -61,7 +61,8 @@ def _keep_worker_log(result: RunResult, folder: Path) -> None:
 
 def load(folder: str | Path) -> dict[str, Any]:
     """The run's tables (`trajectories`, `requests`, `faults`) as DataFrames, plus `summary` and `served` (the
-    tokens and logprobs each request was served, `ServedArrays`); for a sweep's folder, what `load_sweep` returns."""
+    tokens and logprobs each request was served, `ServedArrays`), and for a multi-step run `steps` (one row per
+    step); for a sweep's folder, what `load_sweep` returns."""
     folder = Path(folder)
     if (folder / "sweep.csv").exists() or (folder / "sweep.parquet").exists():
         return load_sweep(folder)
@@ -73,6 +74,9 @@ def load(folder: str | Path) -> dict[str, Any]:
                          "the table was cut off or edited")
     if (folder / SERVED_FILE).exists():
         out["served"] = ServedArrays.load(folder / SERVED_FILE)
+    steps = out["summary"].get("steps")
+    if steps and steps.get("rows"):  # a multi-step run: its per-step table (steps.csv has the same rows)
+        out["steps"] = pd.DataFrame(steps["rows"])
     return out
 
 
@@ -87,7 +91,7 @@ def load_sweep(folder: str | Path) -> dict[str, Any]:
 def rerender(folder: str | Path) -> dict[str, Any]:
     """Redraw a report folder's plots from its tables; returns its summary."""
     loaded = load(folder)
-    write_plots({k: v for k, v in loaded.items() if isinstance(v, pd.DataFrame)}, Path(folder), loaded["summary"])
+    write_plots({k: loaded[k] for k in TABLES if k in loaded}, Path(folder), loaded["summary"])
     write_step_report(loaded["summary"], Path(folder))  # a multi-step run's steps.csv and steps.png
     return loaded["summary"]  # type: ignore[no-any-return]
 
