@@ -16,8 +16,10 @@ CONTROL_TOKEN_ENV = "ROLLOUT_BENCH_CONTROL_TOKEN"
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
+    from bench.arguments import check_output_file
     from bench.synth import synthesize
 
+    check_output_file("--out", args.out)  # before any work: a folder that is missing, a file that is a folder
     print(f"synth: kind={args.kind} n={args.n} seed={args.seed}", file=sys.stderr)
     path = synthesize(args.kind, args.n, args.seed, args.out, group_size=args.group_size,
                       context_length=args.context_length, created=args.created, show_progress=True,
@@ -526,8 +528,10 @@ def _cmd_traces(args: argparse.Namespace) -> int:
 def _cmd_import(args: argparse.Namespace) -> int:
     import json
 
+    from bench.arguments import check_output_file
     from bench.importers import DumpError, ImportOptions, import_dump
 
+    check_output_file("--out", args.out)
     try:
         sampling = json.loads(args.sampling_params) if args.sampling_params else None
     except json.JSONDecodeError as error:

@@ -131,6 +131,16 @@ def test_synth_rejects_bad_arguments(tmp_path: Path, args: list[str], message: s
     assert run.returncode == 2 and message in run.stderr and not out.exists()
 
 
+def test_synth_refuses_an_out_it_cannot_write_before_any_work(tmp_path: Path) -> None:
+    """Named as given (not as the temporary file beside it), before a trajectory is made."""
+    for out, message in ((tmp_path / "missing" / "x.jsonl", f"its folder {tmp_path / 'missing'} does not exist"),
+                         (tmp_path, "is a folder, not a file")):
+        run = subprocess.run([sys.executable, "-m", "bench", "synth", "--kind", "rlvr", "--n", "4", "--seed", "1",
+                              "--out", str(out)], capture_output=True, text=True)
+        assert run.returncode == 2 and f"--out {out}: {message}" in run.stderr, run.stderr
+        assert "synth: kind=" not in run.stderr and ".partial" not in run.stderr
+
+
 def test_unknown_kind_lists_the_valid_ones(tmp_path: Path) -> None:
     with pytest.raises(SynthError, match="valid kinds: agentic, retool, rlvr"):
         synthesize("chat", 4, 1, tmp_path / "x.jsonl")
