@@ -81,3 +81,8 @@ def test_an_n_beyond_the_trace_runs_every_trajectory_and_says_so(tmp_path: Path,
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["trajectories"] == 64
     assert "run: --n 1000, but the trace has 64 trajectories: all of them ran" in capsys.readouterr().err
+
+
+def test_inspect_says_a_trace_without_tool_outputs_has_none(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["inspect", "rlvr-500", "--out", str(tmp_path / "rlvr")]) == 0
+    assert "tool output tokens (p50 / p99 / max)  none in this trace" in capsys.readouterr().out

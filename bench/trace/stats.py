@@ -107,8 +107,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("trajectories / groups", f"{summary['trajectories']} / {summary['groups']}"),
         ("turns (p50 / max)", f"{summary['turns_per_trajectory'].get('p50')} / {summary['turns_per_trajectory'].get('max')}"),
         ("output tokens", summary["output_tokens"]),
-        ("tool output tokens (p50 / p99 / max)",
-         " / ".join(str(summary["tool_output_tokens"].get(k)) for k in ("p50", "p99", "max"))),
+        ("tool output tokens (p50 / p99 / max)", _tool_outputs(summary["tool_output_tokens"])),
         ("tool outputs > half the context", summary["tool_outputs_over_half_context"]),
         ("turn latency s (p50 / p99)", f"{summary['turn_latency_s'].get('p50')} / {summary['turn_latency_s'].get('p99')}"),
         ("outcomes", ", ".join(f"{k} {v}" for k, v in summary["outcomes"].items())),
@@ -116,3 +115,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def _tool_outputs(stats: dict[str, Any]) -> str:
+    values = [stats.get(k) for k in ("p50", "p99", "max")]
+    return "none in this trace" if all(v is None for v in values) else " / ".join(str(v) for v in values)
