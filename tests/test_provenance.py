@@ -211,6 +211,14 @@ def test_the_command_line_fails_the_run_and_prints_the_per_fault_line(tmp_path: 
     assert line.split(None, 1)[1].startswith(f"16 checked ({checks}): 15 match, 1 mismatch; 0 not checked")
     mismatch = [f for f, stats in summary["by_fault"].items() if stats["mismatch"]]
     assert len(mismatch) == 1 and f"mismatch by fault: {mismatch[0]} 1 of" in line
+    # CI's view: the JUnit failure of a finding an injected fault preceded names that fault, where and by which rule
+    import xml.etree.ElementTree as ET
+
+    cases = {case.get("name"): case.find("failure") for case in ET.parse(tmp_path / "run" / "junit.xml").getroot()}
+    alignment = json.loads((tmp_path / "run" / "summary.json").read_text())["violations"]
+    preceded = next(v for v in alignment if v["invariant"] == "token_alignment" and v["fault"])
+    assert (f"{preceded['trajectory']}: {preceded['message']} (after the injected fault missing_logprobs, rule "
+            f"{preceded['fault']['rule']}, turn {preceded['fault']['turn']}") in (cases["token_alignment"].text or "")
 
 
 def test_the_provenance_line_names_its_checks_and_leaves_out_empty_brackets() -> None:

@@ -19,6 +19,15 @@ def _tracebacks(violations: list[Violation]) -> str:
     return "".join(f"\n\n{text.rstrip()}" for text in texts)
 
 
+def _after_fault(violation: Violation) -> str:
+    """The injected fault that preceded a finding, as CI shows it: what was injected, where, and by which rule."""
+    event = violation.fault
+    if not event:
+        return ""
+    return (f" (after the injected fault {event['fault']}, rule {event['rule']}, turn {event['turn']}, attempt "
+            f"{event['attempt']}, request {event['request_id']})")
+
+
 def _provenance_properties(case: ET.Element, provenance: dict[str, Any]) -> str:
     """Per fault type, how many checked samples it hit hold tokens other than those served: as properties of the
     provenance test case, and as a line its failure text ends with."""
@@ -62,8 +71,8 @@ def write_junit(result: RunResult, path: Path, provenance: dict[str, Any] | None
         by_fault = _provenance_properties(case, provenance) if name == "provenance" and provenance else ""
         if found:
             failure = ET.SubElement(case, "failure", message=found[0].message, type=name)
-            failure.text = "\n".join(f"{v.trajectory or '-'}: {v.message}" for v in found) + _tracebacks(found) \
-                + by_fault
+            failure.text = "\n".join(f"{v.trajectory or '-'}: {v.message}{_after_fault(v)}" for v in found) \
+                + _tracebacks(found) + by_fault
         elif name == "replay_fidelity" and result.config.upstream is not None:
             ET.SubElement(case, "skipped", message=f"does not apply: the answers came from the live engine at "
                           f"{result.config.upstream}, not from the recording")
