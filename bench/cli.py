@@ -484,7 +484,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if is_sweep_folder(args.folder):  # a sweep: one line per run, as its table has them
         runs = load_sweep(args.folder)["runs"]
-        columns = [c for c in ("plan", "target", "rate", "seed", "outcome", "drop_rate", "violations") if c in runs]
+        columns = [c for c in ("plan", "target", "rate", "seed", "outcome", "drop_rate", "violations", "steps_ran",
+                               "first_violation_step") if c in runs]
         print(runs[columns].to_string(index=False))
         print(f"sweep: {Path(args.folder).resolve()} ({len(runs)} runs)")
         note = sweep_status_note(load_sweep(args.folder)["summary"])

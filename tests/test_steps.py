@@ -370,6 +370,10 @@ def test_a_sweep_runs_every_point_for_k_steps_and_tables_the_step_first_violated
     assert "step_carryover" in unfixed["violated_invariants"]
     assert (fixed["outcome"], fixed["steps_ran"]) == ("ok", K) and pd.isna(fixed["first_violation_step"])
     assert fixed["trajectories"] == K * N  # every step's slice, not one step's
+    shown = subprocess.run([sys.executable, "-m", "bench", "report", str(out)], capture_output=True, text=True,
+                           timeout=120)
+    header = shown.stdout.splitlines()[0].split()
+    assert shown.returncode == 0 and header[-2:] == ["steps_ran", "first_violation_step"], shown.stdout
 
 
 def _sweep(out: Path, *options: str) -> subprocess.CompletedProcess[str]:
