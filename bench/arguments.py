@@ -133,8 +133,9 @@ def check_report_folder(option: str, path: str | Path, force: bool) -> Path:
     return folder
 
 
-def check_output_file(option: str, path: str | Path) -> Path:
-    """A file the command will write: not a folder, in an existing folder that is writable."""
+def check_output_file(option: str, path: str | Path, *, creates_folder: bool = False) -> Path:
+    """A file the command will write: not a folder, in a folder that is writable; one that exists already unless the
+    writer makes it (`creates_folder`: the run's --junit, beside or inside its --out, which the run creates too)."""
     file = Path(path)
     if file.is_dir():
         raise ArgumentError(f"{option} {file}: is a folder, not a file")
@@ -142,10 +143,10 @@ def check_output_file(option: str, path: str | Path) -> Path:
         if not os.access(file, os.W_OK):
             raise ArgumentError(f"{option} {file}: exists and is not writable")
         return file
-    folder = file.parent  # written where it is, so its folder must be there already (an --out is created, this is not)
-    if not folder.exists():
+    folder = file.parent
+    if not creates_folder and not folder.exists():
         raise ArgumentError(f"{option} {file}: its folder {folder} does not exist")
-    if not folder.is_dir():
+    if folder.exists() and not folder.is_dir():
         raise ArgumentError(f"{option} {file}: {folder} is a file, not a folder")
     _writable_folder(option, file, folder)
     return file

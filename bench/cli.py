@@ -182,7 +182,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # every argument and output path is checked before anything starts (a worker, a server, a trace load)
     out = check_report_folder("--out", args.out or Path("reports") / time.strftime("run-%Y%m%d-%H%M%S"), args.force)
     if args.junit:
-        check_output_file("--junit", args.junit)
+        check_output_file("--junit", args.junit, creates_folder=True)
     invariants = check_invariant_names("--invariants", args.invariants) if args.invariants else None
     from bench.invariants import Bounds
     from bench.orchestration.repro import load_repro

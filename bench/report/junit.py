@@ -86,6 +86,7 @@ def write_junit(result: RunResult, path: Path, provenance: dict[str, Any] | None
                               f"was judged ({result.violations_not_judged} findings not judged)")
     tree = ET.ElementTree(suite)
     ET.indent(tree)
+    path.parent.mkdir(parents=True, exist_ok=True)  # `--junit reports/junit/nightly.xml`, made as an --out is
     with atomic_path(path) as temporary:
         tree.write(temporary, encoding="utf-8", xml_declaration=True)
     return path
