@@ -125,6 +125,50 @@ def test_missing_logprobs(upstream: ServerThread) -> None:
     assert len(direct.body["meta_info"]["output_token_logprobs"]) == len(direct.body["output_ids"])
 
 
+@contextmanager
+def engine_without_logprobs() -> Iterator[ServerThread]:
+    """A mock engine that answers every request without logprobs (its own `missing_logprobs`, not the proxy's)."""
+    with ServerThread("rlvr-500", plan=plan_from_specs(["missing_logprobs"], 0)) as thread:
+        yield thread
+
+
+def test_an_engine_answer_without_logprobs_goes_out_without_them() -> None:
+    """The proxy re-renders every answer: the engine's missing `output_token_logprobs` must stay missing (it came
+    out as an empty list, `output_token_logprobs_length: 0`, next to all the ids), and the request log and the
+    served tokens must say no logprobs were served (they said True)."""
+    completion = {"model": "m", "max_tokens": 64, "logprobs": 1}
+    with engine_without_logprobs() as engine, proxy(engine) as front:
+        trajectory, ids = prompt(front)
+        seen = generate(front.url, ids)
+        direct = generate(engine.url, ids)  # the engine's own answer (to the group's next member)
+        streamed = generate(front.url, ids, stream=True)
+        openai_direct = call(engine.url, "/v1/completions", {**completion, "prompt": ids})
+        openai_seen = call(front.url, "/v1/completions", {**completion, "prompt": ids})
+        records = [r for r in front.context.log.records if r.status == 200]
+        served = [front.context.served.entry_of(r) for r in records]
+    assert "output_token_logprobs" not in direct.body["meta_info"]  # the engine's answer
+    assert seen.status == 200 and seen.body["output_ids"] == recorded(trajectory)[0]
+    assert not {"output_token_logprobs", "input_token_logprobs", "output_token_logprobs_length"} & set(
+        seen.body["meta_info"]), seen.body["meta_info"].keys()
+    assert streamed.events and not any("output_token_logprobs" in e["meta_info"] for e in streamed.events)
+    assert openai_direct.body["choices"][0]["logprobs"] is None and openai_seen.body["choices"][0]["logprobs"] is None
+    assert len(records) == 3 and [r.logprobs_served for r in records] == [False] * 3
+    assert all(e is not None and not e.logprobs_shown for e in served)
+    assert not front.context.faults.log.as_dicts()  # nothing of the proxy's plan did it
+
+
+def test_a_plan_fault_still_acts_on_an_engine_answer_without_logprobs() -> None:
+    """A fault of the proxy's own plan that writes logprob entries (here one null) still shows them."""
+    with engine_without_logprobs() as engine, proxy(engine, "null_logprob") as front:
+        _, ids = prompt(front)
+        seen = generate(front.url, ids)
+        record = next(r for r in front.context.log.records if r.status == 200)
+    entries = seen.body["meta_info"]["output_token_logprobs"]
+    assert len(entries) == len(seen.body["output_ids"]) and None in [e[0] for e in entries]
+    assert record.logprobs_served is True
+    one_event(front, "null_logprob")
+
+
 def test_unfaulted_answers_are_the_engines(upstream: ServerThread) -> None:
     with proxy(upstream) as front:
         trajectory, ids = prompt(front, 3)
@@ -354,6 +398,7 @@ def test_an_unreachable_upstream_is_named() -> None:
 # -- a whole run against the live engine ---------------------------------------------------------------------------
 def _cli_run(tmp: Path, name: str, *extra: str, reruns: int = 0) -> tuple[int, dict[str, Any], str]:
     out = tmp / name
+    out.mkdir()  # --junit's folder must exist before the run (an empty --out is taken)
     done = subprocess.run([sys.executable, "-m", "bench", "run", "--trace", "rlvr-500", "--n", "40", "--plan",
                            "seed-000", "--seed", "0", "--repro-reruns", str(reruns), "--out", str(out), "--junit",
                            str(out / "junit-copy.xml"), *extra], capture_output=True, text=True, timeout=300)
@@ -363,6 +408,27 @@ def _cli_run(tmp: Path, name: str, *extra: str, reruns: int = 0) -> tuple[int, d
 
 def _findings(summary: dict[str, Any]) -> list[tuple[str, str | None]]:
     return sorted((v["invariant"], v["trajectory"]) for v in summary["violations"])
+
+
+def test_run_upstream_against_an_engine_without_logprobs_is_not_green(tmp_path: Path) -> None:
+    """`run --upstream` in front of an engine that omits logprobs: the target gets the answer the engine gave, so
+    token_alignment names every completed trajectory, as in mock mode (it was green: 0 response ids recorded for
+    each completed sample, read from the proxy's empty logprob list, and provenance checked nothing)."""
+    def run(name: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+        out = tmp_path / name
+        done = subprocess.run([sys.executable, "-m", "bench", "run", "--trace", "rlvr-500", "--n", "8", "--target",
+                               "ref-gather:fixed", "--plan", "none", "--repro-reruns", "0", "--out", str(out), *extra],
+                              capture_output=True, text=True, timeout=300)
+        return done.returncode, json.loads((out / "summary.json").read_text()), done.stdout + done.stderr
+
+    with engine_without_logprobs() as engine:
+        code, live, output = run("live", "--upstream", engine.url)
+    mock_code, mock, _ = run("mock", "--fault", "missing_logprobs:p=1")
+    assert code == mock_code == 1, output
+    assert _findings(live) == _findings(mock) == sorted(("token_alignment", f"g0000{g}-{m}") for g in (0, 1)
+                                                        for m in range(4))
+    assert {v["message"] for v in live["violations"]} == {"completed sample without logprobs"}
+    assert live["provenance"]["mismatch"] == 0 and live["provenance"]["match"] == 8  # the ids are the engine's
 
 
 def test_run_upstream_finds_the_seed_000_crash(upstream: ServerThread, tmp_path: Path) -> None:

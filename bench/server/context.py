@@ -118,6 +118,8 @@ class ServerContext:
             decision = self.faults.decide(self.target(generation.identity, endpoint), forced)
         if decision.rules:
             self.faults.apply(decision, exchange, rid)
+        if self.upstream is not None:
+            self.upstream.keep_logprobs_missing(exchange)
         return exchange
 
     def _recorded_trajectory(self, identity: Identity) -> RecordedTrajectory | None:

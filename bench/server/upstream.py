@@ -38,6 +38,7 @@ from aiohttp import web
 from bench.capture.parse import CaptureError, CapturedAnswer, StreamAssembler, parse_answer, parse_request
 from bench.capture.tracker import Placement, TrafficTracker, ids_key
 from bench.replay import GenerateParams, Generation, Identity
+from faults import Exchange
 
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 # hop-by-hop headers, the bench's own controls and what aiohttp recomputes: never forwarded either way
@@ -67,6 +68,7 @@ class Fetched:
 class _Open:
     placement: Placement
     generation: Generation | None = None
+    without_logprobs: bool = False  # the engine's answer carried no logprobs (`keep_logprobs_missing`)
 
 
 @dataclass
@@ -147,10 +149,8 @@ class Upstream:
         if len(answers) != expected or any(a.error is not None for a in answers):
             return None
         for answer in answers:
-            if not answer.ids_known:
+            if not answer.ids_known:  # its logprobs, when not one per re-encoded id, are dropped by `generation`
                 answer.output_ids = tokenizer.encode(answer.text)
-                answer.logprobs = None if answer.logprobs is None or len(answer.logprobs) != len(
-                    answer.output_ids) else answer.logprobs
         return answers
 
     def place(self, ids: list[int], hint: str | None) -> Identity:
@@ -178,6 +178,8 @@ class Upstream:
         """The engine's answer as the Generation the fault plan edits and the formatters write."""
         ids = list(answer.output_ids)
         logprobs = None if answer.logprobs is None else list(answer.logprobs)  # a null the engine sent stays null
+        if logprobs is not None and not answer.ids_known and len(logprobs) != len(ids):
+            logprobs = None  # sent, but not one per id the text re-encodes to: shown as entries without a logprob
         generation = Generation(identity, ids, logprobs, answer.text or "", _finish(answer, ids, eos_token_id),
                                 answer.prompt_tokens if answer.prompt_tokens is not None else params.input_len,
                                 answer.cached_tokens or 0, answer.ttft or 0.0, answer.total or 0.0,
@@ -185,7 +187,17 @@ class Upstream:
         entry = self._open.get(identity)
         if entry is not None:
             entry.generation = generation
+            entry.without_logprobs = answer.logprobs is None  # as parsed: the engine sent none
         return generation
+
+    def keep_logprobs_missing(self, exchange: Exchange) -> None:
+        """An engine answer without logprobs goes out without them (the formatters would write an empty list, and
+        the request log would say logprobs were served): a client then reads the answer the engine gave. Unless
+        a fault of the plan acted on them (edited entries, a rewritten answer with fresh logprobs)."""
+        entry = self._open.get(exchange.generation.identity)
+        if (entry is not None and entry.without_logprobs and exchange.generation.logprobs is None
+                and exchange.logprob_entries is None):
+            exchange.omit_logprobs = True
 
     def no_answer(self, identity: Identity, prompt_tokens: int, *, scratch: bool = False) -> Generation:
         """The generation of a request the engine was not asked (a fault answers in its place): nothing.
