@@ -398,7 +398,6 @@ def test_an_unreachable_upstream_is_named() -> None:
 # -- a whole run against the live engine ---------------------------------------------------------------------------
 def _cli_run(tmp: Path, name: str, *extra: str, reruns: int = 0) -> tuple[int, dict[str, Any], str]:
     out = tmp / name
-    out.mkdir()  # --junit's folder must exist before the run (an empty --out is taken)
     done = subprocess.run([sys.executable, "-m", "bench", "run", "--trace", "rlvr-500", "--n", "40", "--plan",
                            "seed-000", "--seed", "0", "--repro-reruns", str(reruns), "--out", str(out), "--junit",
                            str(out / "junit-copy.xml"), *extra], capture_output=True, text=True, timeout=300)
