@@ -495,19 +495,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
     summary = rerender(args.folder)
     print(format_summary(summary, str(Path(args.folder).resolve())))
     print(f"report: {Path(args.folder).resolve()}")
-    for line in _repro_lines(summary.get("repros") or []):  # as the run printed them
+    for line in _repro_lines(summary.get("repros") or [], Path(args.folder)):  # as the run printed them
         print(line)
     return 0
 
 
-def _repro_lines(repros: list[dict[str, Any]]) -> list[str]:
-    """The terminal's line for each repro of a run (`ReproOutcome.to_dict`s, as summary.json keeps them)."""
+def _repro_lines(repros: list[dict[str, Any]], folder: Path | None = None) -> list[str]:
+    """The terminal's line for each repro of a run (`ReproOutcome.to_dict`s, as summary.json keeps them); with
+    `folder` (the report read back, maybe moved or named from elsewhere), each file as it is found there."""
     lines = []
     for repro in repros:
         what = repro["invariant"] + (f" ({repro['error_type']})" if repro.get("error_type") else "")
         if repro.get("path"):
-            lines.append(f"repro: {Path(repro['path']).resolve()}  {what}, seen failing the same way "
-                         f"(rerun: rollout-bench run --repro {repro['path']})")
+            path = Path(repro["path"])
+            if folder is not None and (folder / path.name).is_file():  # the summary keeps the path as --out was typed
+                path = folder / path.name
+            lines.append(f"repro: {path.resolve()}  {what}, seen failing the same way "
+                         f"(rerun: rollout-bench run --repro {path})")
         else:
             lines.append(f"repro: none for {what}: {repro.get('note', '')}")
     return lines

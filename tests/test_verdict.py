@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -126,6 +127,12 @@ def test_the_repro_reruns_against_the_fix_and_a_top_level_module_plugs_in(tmp_pa
                             timeout=120, cwd=ROOT)
     printed = [line for line in first.stdout.splitlines() if line.startswith("repro: ")]
     assert printed and [line for line in reread.stdout.splitlines() if line.startswith("repro: ")] == printed
+    artifact = tmp_path / "downloaded" / "report"  # a CI artifact read where it landed: its own repro files
+    shutil.copytree(out, artifact)
+    moved = subprocess.run([sys.executable, "-m", "bench", "report", "report"], capture_output=True, text=True,
+                           timeout=120, cwd=artifact.parent)
+    named = [line.split()[1] for line in moved.stdout.splitlines() if line.startswith("repro: ")]
+    assert named == [str((artifact / "repro.toml").resolve())], moved.stdout
     fixed = subprocess.run([sys.executable, "-m", "bench", "run", "--repro", str(out / "repro.toml"),
                             "--target", "verdict_targets:FixedGatherKeyError", "--seed", "7",
                             "--out", str(tmp_path / "fixed")], capture_output=True, text=True, timeout=300,
