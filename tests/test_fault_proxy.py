@@ -157,6 +157,25 @@ def test_an_engine_answer_without_logprobs_goes_out_without_them() -> None:
     assert not front.context.faults.log.as_dicts()  # nothing of the proxy's plan did it
 
 
+def test_a_streamed_text_only_answer_keeps_the_logprobs_the_engine_sent() -> None:
+    """An engine streaming text without token ids (SGLang's OpenAI routes) still sends logprobs: its stream's
+    assembled answer holds none one per id, which is not "the engine sent none", so they are not left out."""
+    completion = {"model": "m", "max_tokens": 32, "logprobs": 1, "stream": True}
+    with ServerThread("rlvr-500", plan=plan_from_specs(["text_without_ids"], 0)) as engine, proxy(engine) as front:
+        _, ids = prompt(front)
+        direct = call(engine.url, "/v1/completions", {**completion, "prompt": ids})
+        seen = call(front.url, "/v1/completions", {**completion, "prompt": ids})
+
+    def logprobs(events: list[dict[str, Any]]) -> list[Any]:
+        return [p for e in events if e.get("choices") and e["choices"][0].get("logprobs")
+                for p in e["choices"][0]["logprobs"]["token_logprobs"]]
+
+    assert logprobs(direct.events) and all(p is not None for p in logprobs(direct.events))  # the engine sent them
+    # not left out as if the engine had sent none: one entry per chunk, as before (their values are not carried
+    # through a text-only stream yet: the assembled answer keeps no logprobs it cannot line up with ids)
+    assert len(logprobs(seen.events)) == len(logprobs(direct.events)), seen.events[:2]
+
+
 def test_a_plan_fault_still_acts_on_an_engine_answer_without_logprobs() -> None:
     """A fault of the proxy's own plan that writes logprob entries (here one null) still shows them."""
     with engine_without_logprobs() as engine, proxy(engine, "null_logprob") as front:

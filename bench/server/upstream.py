@@ -187,7 +187,9 @@ class Upstream:
         entry = self._open.get(identity)
         if entry is not None:
             entry.generation = generation
-            entry.without_logprobs = answer.logprobs is None  # as parsed: the engine sent none
+            # as parsed: the engine sent none. Not known of an answer whose ids were not sent (text only): a stream
+            # of those drops the logprobs it had, which were not one per id
+            entry.without_logprobs = answer.logprobs is None and answer.ids_known
         return generation
 
     def keep_logprobs_missing(self, exchange: Exchange) -> None:
