@@ -71,6 +71,7 @@ class CapturedAnswer:
     prompt_ids: list[int] | None = None  # the prompt's ids when the server reported them (OpenAI routes)
     ids_known: bool = True  # False: the server sent text only (SGLang's OpenAI routes); `output_ids` is empty
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI chat: parsed calls (name, arguments)
+    logprobs_dropped: bool = False  # a stream sent logprobs not one per id: not kept, but the engine did send some
 
     @property
     def outcome(self) -> str:
@@ -471,6 +472,7 @@ class StreamAssembler:
                 answer.output_ids = []
             answer.completion_tokens = len(answer.output_ids)
             if answer.logprobs is not None and len(answer.logprobs) != len(answer.output_ids):
+                answer.logprobs_dropped = bool(answer.logprobs)
                 answer.logprobs = None  # none sent (or not one per token): a trace keeps no partial logprobs
             if answer.finish_reason is None:
                 answer.finish_reason = {"type": "abort", "message": "stream ended without a finish reason"}

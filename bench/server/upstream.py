@@ -187,9 +187,8 @@ class Upstream:
         entry = self._open.get(identity)
         if entry is not None:
             entry.generation = generation
-            # as parsed: the engine sent none. Not known of an answer whose ids were not sent (text only): a stream
-            # of those drops the logprobs it had, which were not one per id
-            entry.without_logprobs = answer.logprobs is None and answer.ids_known
+            # as parsed: the engine sent none (a stream's logprobs that were not one per id, dropped, were sent)
+            entry.without_logprobs = answer.logprobs is None and not answer.logprobs_dropped
         return generation
 
     def keep_logprobs_missing(self, exchange: Exchange) -> None:
