@@ -99,6 +99,16 @@ def test_a_missing_interpreter_or_unknown_attribute_is_a_clear_start_error() -> 
         _run("tests.isolation_targets:Nothing", n=2)
 
 
+def _same_environment_elsewhere(folder: Path) -> Path:
+    """An interpreter at another path that runs as this one does (its pyvenv.cfg, its libraries): one a user gives."""
+    venv = Path(sys.prefix)
+    (folder / "bin").mkdir(parents=True)
+    (folder / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
+    (folder / "lib").symlink_to(venv / "lib")
+    (folder / "bin" / "python").symlink_to(Path(sys.executable).resolve())
+    return folder / "bin" / "python"
+
+
 def test_a_framework_target_without_its_environment_says_where_it_looked_and_how_to_build_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
@@ -115,6 +125,10 @@ def test_a_framework_target_without_its_environment_says_where_it_looked_and_how
     assert f"could not start under {sys.executable}: ModuleNotFoundError: No module named 'miles'" in message
     assert str(tmp_path / "miles" / "bin" / "python") in message and "make targets TARGETS=miles" in message
     assert "ROLLOUT_BENCH_TARGETS_DIR" in message
+    given_python = _same_environment_elsewhere(tmp_path / "given")  # the bench's environment under another path
+    with pytest.raises(TargetStartError) as given:  # an interpreter the user gave: no advice to give one
+        _run("miles", n=2, python=str(given_python))
+    assert f"could not start under {given_python}" in str(given.value) and "make targets" not in str(given.value)
     with pytest.raises(TargetStartError) as plugin:
         _run("no_such_plugin_module:Target", n=2)  # a plug-in keeps its own message: no environment of ours to build
     assert "No module named 'no_such_plugin_module'" in str(plugin.value) and "make targets" not in str(plugin.value)

@@ -224,7 +224,8 @@ class IsolatedTarget:
                 break
             elif kind == "fatal":
                 error = error_from_dict(message["error"])
-                hint = missing_environment_hint(self.spec) if error.type in IMPORT_ERRORS else None
+                fell_back = os.path.abspath(self.python) == os.path.abspath(sys.executable)  # no --python, no env
+                hint = missing_environment_hint(self.spec) if error.type in IMPORT_ERRORS and fell_back else None
                 raise TargetStartError(f"target {self.spec!r} could not start under {self.python}: "
                                        f"{error.type}: {error.message}" + (f"\n{hint}" if hint else "") +
                                        f"\n{await asyncio.to_thread(self._log_tail)}")
