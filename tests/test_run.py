@@ -193,3 +193,16 @@ def test_the_report_names_the_sglang_build_the_server_played(tmp_path: Path) -> 
     assert fork["server"]["sglang_build"] == "sglang-miles"
     assert "SGLang 0.5.15, build sglang-miles" in format_summary(fork)
     assert json.loads((tmp_path / "fork" / "summary.json").read_text())["server"] == fork["server"]
+
+
+def test_an_old_repro_files_event_with_params_that_are_not_a_table_is_named(tmp_path: Path) -> None:
+    """Files from before rules were recorded list the fired events; a hand edit there is named too, not a TypeError."""
+    from bench.orchestration.repro import load_repro
+    from faults import PlanError
+
+    old = tmp_path / "old.toml"
+    old.write_text('trace = "rlvr-500"\ntarget = "ref-gather:fixed"\nplan = "seed-000"\nseed = 2\n\n[[events]]\n'
+                   'rule = "r"\nfault = "abort"\ntrajectory = "g00000-0"\nturn = 0\nattempt = 1\nparams = "x"\n')
+    with pytest.raises(PlanError) as caught:
+        load_repro(old)
+    assert str(caught.value) == f"{old}:6: event 0: params: not a table: 'x'"

@@ -89,6 +89,8 @@ def repro_rules(text: str, path: Path, data: dict[str, Any]) -> list[Rule]:
         missing = [key for key in _EVENT_KEYS if not isinstance(event, dict) or key not in event]
         if missing:
             raise PlanError(f"{path}:{start}: event {index}: {missing[0]}: missing")
+        if not isinstance(event.get("params", {}), dict):
+            raise PlanError(f"{path}:{start}: event {index}: params: not a table: {event['params']!r}")
         try:
             rules.append(make_rule({"fault": event["fault"], **event.get("params", {}),
                                     "trajectories": [event["trajectory"]], "turns": [event["turn"]],
