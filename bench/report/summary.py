@@ -249,7 +249,9 @@ def format_summary(summary: dict[str, Any], folder: str | None = None) -> str:
         during = f" ({hang['requests_in_window']} requests meanwhile)" if kind == "livelock" else ""
         what = f"ended at its {hang['deadline_s']:g} s deadline" if kind == "deadline" else \
             f"no progress for {hang['idle_s']} s{during}"
-        stacks = " (their stacks: the liveness violation's evidence in summary.json)" if hang["pending_tasks"] else ""
+        judged = any(v.get("invariant") == "liveness" for v in summary.get("violations") or [])  # not left out
+        stacks = " (their stacks: the liveness violation's evidence in summary.json)" \
+            if hang["pending_tasks"] and judged else ""
         lines.append((kind, f"{what}; {hang['pending_tasks']} tasks pending{stacks}"))
     provenance = summary.get("provenance")
     if provenance:
