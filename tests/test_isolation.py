@@ -130,7 +130,7 @@ def test_a_framework_target_without_its_environment_says_where_it_looked_and_how
         _run("miles", n=2, python=str(given_python))
     assert f"could not start under {given_python}" in str(given.value) and "make targets" not in str(given.value)
     with pytest.raises(TargetStartError) as plugin:
-        _run("no_such_plugin_module:Target", n=2)  # a plug-in keeps its own message: no environment of ours to build
+        _run("no_such_plugin_module:Target", n=2)  # a plug-in's import error (found before its worker) names no env
     assert "No module named 'no_such_plugin_module'" in str(plugin.value) and "make targets" not in str(plugin.value)
 
 
