@@ -5,15 +5,13 @@ the terminal and runs only with `--trust-plugin`."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.targets.frameworks.envs import targets_dir
-from bench.targets.registry import REGISTRY, _plug_in_parts
+from bench.targets.registry import REGISTRY, _plug_in_parts, find_plug_in_package
 
 
 class UntrustedRepro(ValueError):
@@ -38,9 +36,7 @@ def target_provenance(spec: str, project: Path | None = None) -> Provenance:
     module = parts[0]
     top = module.partition(".")[0]
     root = (project or Path.cwd()).resolve()
-    found = importlib.util.find_spec(top) if top not in sys.modules else getattr(sys.modules[top], "__spec__", None)
-    if found is None:  # the worker, started with `python -m`, has the working directory on its path: so look there
-        found = importlib.machinery.PathFinder.find_spec(top, [str(root)])
+    found, _ = find_plug_in_package(top, str(root))
     origin = _origin(found)
     if origin is None:
         return Provenance(f"target {spec}: module {module} (not found on this interpreter's path or in {root})", False)

@@ -12,6 +12,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any, Callable
 
@@ -109,14 +110,25 @@ def check_target_spec(spec: str) -> None:
     raise _unknown(spec)
 
 
+def find_plug_in_package(top: str, folder: str | None = None) -> tuple[ModuleSpec | None, bool]:
+    """Where a plug-in's top-level package is, found as its worker finds it, and whether only in `folder` (default:
+    the working directory). A worker starts as `python -m`, which puts the working directory on its path; the
+    `rollout-bench` script's path lacks it. Without importing it."""
+    if top in sys.modules:
+        return getattr(sys.modules[top], "__spec__", None), False
+    found = importlib.util.find_spec(top)
+    if found is not None:
+        return found, False
+    found = importlib.machinery.PathFinder.find_spec(top, [folder or os.getcwd()])
+    return found, found is not None
+
+
 def _import_plug_in(module_name: str) -> ModuleType:
-    """The plug-in's module, found where its worker finds it: on the path, else in the working directory. A worker
-    starts as `python -m`, which puts the working directory on its path; the `rollout-bench` script's path lacks
-    it, so an in-process run would not see a module the same command finds in a worker."""
-    top = module_name.partition(".")[0]
+    """The plug-in's module, found where its worker finds it (`find_plug_in_package`): an in-process run would not
+    otherwise see a module the same command finds in a worker."""
     here = os.getcwd()
-    if (top not in sys.modules and here not in sys.path and importlib.util.find_spec(top) is None
-            and importlib.machinery.PathFinder.find_spec(top, [here]) is not None):
+    _, only_here = find_plug_in_package(module_name.partition(".")[0], here)
+    if only_here and here not in sys.path:
         sys.path.append(here)
     return importlib.import_module(module_name)
 
