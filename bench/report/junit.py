@@ -11,6 +11,7 @@ from bench.invariants import INVARIANTS, Violation
 from bench.orchestration.runner import RunResult
 from bench.records.atomic_write import atomic_path
 from bench.steps.checks import CHECKS as STEP_CHECKS
+from bench.steps.fresh import FRESH_CHECK
 
 
 def _tracebacks(violations: list[Violation]) -> str:
@@ -48,7 +49,7 @@ def _cases(result: RunResult) -> list[str]:
     came from, so that no failure the run counts is missing from the file."""
     cases = list(result.config.invariants or INVARIANTS)
     if result.config.steps > 1:
-        cases += STEP_CHECKS
+        cases += [*STEP_CHECKS, *([FRESH_CHECK] if result.config.compare_fresh else [])]
     found = [v.invariant for v in result.violations] + [k.violation.invariant for k in result.known_violations]
     return list(dict.fromkeys(cases + found))
 
