@@ -140,8 +140,19 @@ def plan_from_specs(specs: list[str], seed: int, name: str = "command-line") -> 
     return Plan(name, seed, tuple(rule_from_spec(s, i) for i, s in enumerate(specs)))
 
 
-def _rule_lines(text: str) -> list[int]:
-    return [n for n, line in enumerate(text.splitlines(), start=1) if re.match(r"\s*\[\[\s*rules\s*\]\]", line)]
+def section_lines(text: str, header: str) -> list[int]:
+    """The lines of a TOML file's `[header]` or `[[header]]` sections, in order."""
+    pattern = re.compile(rf"\s*\[\[?\s*{re.escape(header)}\s*\]\]?\s*(#.*)?$")
+    return [n for n, line in enumerate(text.splitlines(), start=1) if pattern.match(line)]
+
+
+def load_toml(text: str, path: str | Path) -> dict[str, Any]:
+    """TOML text's values; text that is not TOML names `path` and the line."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = re.search(r"line (\d+)", str(error))
+        raise PlanError(f"{path}:{line.group(1) if line else 1}: not valid TOML ({error})") from None
 
 
 def key_line(text: str, start: int, key: str) -> int:
@@ -164,11 +175,7 @@ def load_plan(path: str | Path) -> Plan:
 
 def parse_plan(text: str, path: str, *, default_name: str = "plan") -> Plan:
     """A plan from TOML text; `path` names its origin in every error (a file, or `<request body>`)."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        line = re.search(r"line (\d+)", str(error))
-        raise PlanError(f"{path}:{line.group(1) if line else 1}: not valid TOML ({error})") from None
+    data = load_toml(text, path)
     unknown = set(data) - set(PLAN_KEYS)
     if unknown:
         key = sorted(unknown)[0]
@@ -199,7 +206,7 @@ def parse_plan(text: str, path: str, *, default_name: str = "plan") -> Plan:
 def rules_from_tables(text: str, path: str, tables: list[Any], default_name: str) -> list[Rule]:
     """The rules of a TOML file's `[[rules]]` tables (a plan file, a repro file); a bad one names the file, the line
     of its key at fault and the rule: `path:LINE: rule N: ...`. `default_name` formats `fault` and `index`."""
-    starts = _rule_lines(text)
+    starts = section_lines(text, "rules")
     rules = []
     for index, values in enumerate(tables):
         start = starts[index] if index < len(starts) else key_line(text, 1, "rules")

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from bench.invariants import Bounds
 from faults import PlanError, Rule, make_rule
 from faults.base import FaultError
-from faults.plan import WINDOW_FROM, key_line, rules_from_tables
+from faults.plan import WINDOW_FROM, key_line, load_toml, rules_from_tables, section_lines
 from faults.schedule import ScheduleError
 
 REQUIRED = ("trace", "target", "plan", "seed")  # what every repro file the bench writes records
@@ -47,19 +46,14 @@ def _is(value: Any, kind: str) -> bool:
 
 def _section_line(text: str, header: str, index: int = 0) -> int:
     """The line of the `index`-th `[header]` or `[[header]]` section (1 if there is none)."""
-    pattern = re.compile(rf"\s*\[\[?\s*{re.escape(header)}\s*\]\]?\s*(#.*)?$")
-    found = [n for n, line in enumerate(text.splitlines(), start=1) if pattern.match(line)]
+    found = section_lines(text, header)
     return found[index] if index < len(found) else 1
 
 
 def read_repro_data(path: Path) -> tuple[str, dict[str, Any]]:
     """The file's text and values, each recorded value of the right type, the required ones present."""
     text = path.read_text(encoding="utf-8")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        line = re.search(r"line (\d+)", str(error))
-        raise PlanError(f"{path}:{line.group(1) if line else 1}: not valid TOML ({error})") from None
+    data = load_toml(text, path)
     for key in REQUIRED:
         if key not in data:
             raise PlanError(f"{path}: {key}: missing (every repro file records the run's {key})")
