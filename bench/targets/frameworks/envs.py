@@ -41,14 +41,15 @@ def target_python(name: str) -> str | None:
     if it exists, so a test asking for it skips rather than failing on a stale path.
     """
     family = name.partition(":")[0]
-    configured = os.environ.get(f"ROLLOUT_BENCH_{family.upper().replace('-', '_')}_PYTHON")
+    configured = os.environ.get(python_variable(family))
     if configured:
         return configured if Path(configured).exists() else None
-    for folder in TARGET_ENVS.get(family, ()):
-        python = targets_dir() / folder / "bin" / "python"
-        if python.exists():
-            return str(python)
-    return None
+    return next(filter(None, map(environment_python, TARGET_ENVS.get(family, ()))), None)
+
+
+def python_variable(family: str) -> str:
+    """The variable naming another interpreter for a framework's targets: `ROLLOUT_BENCH_MILES_PYTHON`."""
+    return f"ROLLOUT_BENCH_{family.upper().replace('-', '_')}_PYTHON"
 
 
 def environment_python(folder: str) -> str | None:
@@ -71,7 +72,7 @@ def missing_environment_hint(name: str) -> str | None:
     folders = TARGET_ENVS.get(family)
     if not folders or target_python(family) is not None:
         return None
-    variable = f"ROLLOUT_BENCH_{family.upper().replace('-', '_')}_PYTHON"
+    variable = python_variable(family)
     if os.environ.get(variable):
         return f"{variable}={os.environ[variable]} does not exist; unset it or name {family}'s interpreter"
     looked = " or ".join(str(targets_dir() / folder / "bin" / "python") for folder in folders)
